@@ -1,0 +1,88 @@
+// veloxquant/pq.h — product vector quantization of head vectors against one shared codebook.
+//
+// A head vector of head_dim floats is cut into n_sub = head_dim / sub_dim sub-vectors; each
+// is replaced by the codebook_bits-bit index of its nearest centroid (squared L2, ties to the
+// lowest index). As in the paper, one codebook of n_centroids = 2^codebook_bits entries is
+// shared by every sub-vector position (and every head) of a layer.
+//
+// Code layout: the n_sub indices of one vector are bit-packed LSB-first into a byte row:
+// index i occupies bits [i·codebook_bits, (i+1)·codebook_bits) of the row, and the row is
+// padded to whole bytes (code_bytes = ceil(n_sub·codebook_bits / 8)). A 12-bit code costs
+// 12 bits; for d4b12 at head_dim 128 a row is exactly 48 bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace veloxquant {
+
+/// A (sub_dim, codebook_bits) pair, written "d4b8".
+struct PQSpec {
+  int sub_dim = 4;        ///< dsub: elements per sub-vector, 1..16
+  int codebook_bits = 8;  ///< bits per code, 1..16
+  /// Parses "d4b8" (throws ValueError naming the string).
+  static PQSpec parse(const std::string& s);
+  std::string str() const;  ///< "d4b8"
+  double bits_per_element() const { return double(codebook_bits) / sub_dim; }
+  bool operator==(const PQSpec&) const = default;
+};
+
+/// Bytes of one packed row of `n_codes` codes of `bits` each.
+inline int64_t packed_row_bytes(int64_t n_codes, int bits) { return (n_codes * bits + 7) / 8; }
+
+/// Packs n_rows rows of n_codes indices (each < 2^bits) into rows of packed_row_bytes bytes.
+/// @param idx [n_rows, n_codes]  @param out [n_rows, packed_row_bytes(n_codes, bits)]
+void pack_codes(const uint32_t* idx, int64_t n_rows, int64_t n_codes, int bits, uint8_t* out);
+/// Inverse of pack_codes.
+void unpack_codes(const uint8_t* packed, int64_t n_rows, int64_t n_codes, int bits, uint32_t* idx);
+/// Reads code i of one packed row.
+inline uint32_t read_code(const uint8_t* row, int64_t i, int bits) {
+  const int64_t bit = i * bits;
+  const uint8_t* p = row + (bit >> 3);
+  const int shift = int(bit & 7);
+  uint32_t w = p[0];
+  if (shift + bits > 8) w |= uint32_t(p[1]) << 8;
+  if (shift + bits > 16) w |= uint32_t(p[2]) << 16;
+  return (w >> shift) & ((1u << bits) - 1u);
+}
+
+/// The quantizer: shapes, the codebook, and encode / decode / lookup tables.
+struct ProductQuantizer {
+  int head_dim = 0;       ///< d: elements per vector
+  int sub_dim = 0;        ///< dsub
+  int codebook_bits = 0;  ///< nbits
+  int n_sub = 0;          ///< M = head_dim / sub_dim (derived)
+  int n_centroids = 0;    ///< ksub = 2^codebook_bits (derived)
+  int64_t code_bytes = 0; ///< bytes per packed vector (derived)
+  std::vector<float> codebook;  ///< [n_centroids, sub_dim]
+  std::vector<float> centroid_norms;  ///< [n_centroids] ||c||², derived from the codebook
+
+  ProductQuantizer() = default;
+  /// Validates head_dim % sub_dim == 0, bits in 1..16, sub_dim in 1..16 (ValueError naming
+  /// them) and, if given, codebook.size() == n_centroids·sub_dim (ShapeError).
+  ProductQuantizer(int head_dim, PQSpec spec, std::vector<float> codebook = {});
+  PQSpec spec() const { return {sub_dim, codebook_bits}; }
+  /// Replaces the codebook (size-checked) and recomputes the derived norms.
+  void set_codebook(std::vector<float> cb);
+  /// A random codebook (Gaussian, seeded) — for tests only.
+  void set_random_codebook(uint64_t seed, float stddev = 1.0f);
+
+  /// Nearest-centroid codes. @param x [n, head_dim] @param codes [n, code_bytes]
+  void encode(const float* x, int64_t n, uint8_t* codes, int n_threads = 1) const;
+  /// Reconstruction. @param codes [n, code_bytes] @param x [n, head_dim]
+  void decode(const uint8_t* codes, int64_t n, float* x) const;
+  /// Per-query lookup table lut[m][c] = q_sub_m · codebook[c]. @param q [head_dim]
+  /// @param lut [n_sub, n_centroids]
+  void compute_lut(const float* q, float* lut) const;
+  /// Bytes of the codebook stored as fp16 (what the paper counts).
+  int64_t codebook_bytes_f16() const { return int64_t(n_centroids) * sub_dim * 2; }
+};
+
+// Scalar oracles (src/ref/pq_ref.cpp): plain loops, never tuned.
+void pq_encode_ref(const ProductQuantizer& pq, const float* x, int64_t n, uint8_t* codes);
+void pq_decode_ref(const ProductQuantizer& pq, const uint8_t* codes, int64_t n, float* x);
+void pq_compute_lut_ref(const ProductQuantizer& pq, const float* q, float* lut);
+void pack_codes_ref(const uint32_t* idx, int64_t n_rows, int64_t n_codes, int bits, uint8_t* out);
+
+}  // namespace veloxquant

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Installs what veloxquant needs from Debian packages (idempotent; needs root or sudo).
+set -euo pipefail
+pkgs=(build-essential cmake ninja-build libgtest-dev libbenchmark-dev libdlpack-dev
+      nlohmann-json3-dev libfaiss-dev libopenblas-dev gnuplot-nox)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "veloxquant setup: installing ${missing[*]}"
+  SUDO=""; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
