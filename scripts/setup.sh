@@ -2,7 +2,7 @@
 # Installs what veloxquant needs from Debian packages (idempotent; needs root or sudo).
 set -euo pipefail
 pkgs=(build-essential cmake ninja-build libgtest-dev libbenchmark-dev libdlpack-dev
-      nlohmann-json3-dev libfaiss-dev libopenblas-dev gnuplot-nox)
+      nlohmann-json3-dev libcli11-dev libfaiss-dev libopenblas-dev gnuplot-nox)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
