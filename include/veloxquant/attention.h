@@ -36,9 +36,17 @@ void check_attention_shapes(const TensorView& q, const TensorView& k, const Tens
 void attention_ref(const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& out, const SdpaParams& params);
 
-/// Optimised CPU attention (threads over batch × kv-head groups, SIMD dot products, fp32
-/// online softmax). Same contract as attention_ref; the fp16 baseline cache uses it.
+/// Optimised CPU attention (threads over batch × kv-head groups × token chunks, F16C/AVX-512
+/// dot products shared by the query heads of a GQA group, fp32 softmax with a per-chunk max
+/// merged by log-sum-exp). Same contract as attention_ref; the fp16 baseline cache uses it.
+/// This overload runs on params.n_threads threads made for the call (1: the caller only);
+/// hot paths should pass a persistent pool to the overload below.
 void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v,
                    const TensorView& out, const SdpaParams& params);
+
+class ThreadPool;
+/// As above, on `pool` (null: the calling thread only); params.n_threads is ignored.
+void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v,
+                   const TensorView& out, const SdpaParams& params, ThreadPool* pool);
 
 }  // namespace veloxquant

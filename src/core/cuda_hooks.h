@@ -8,10 +8,19 @@
 
 #include "veloxquant/dtype.h"
 
+namespace veloxquant {
+class KVCache;
+struct KVCacheConfig;
+}  // namespace veloxquant
+
 namespace veloxquant::detail {
 std::shared_ptr<void> cuda_alloc_shared(size_t bytes, Device device);
 void cuda_memset(void* p, int value, size_t bytes, Device device);
 void cuda_memcpy_d2h(void* dst, const void* src, size_t bytes, Device device);
 void cuda_memcpy_h2d(void* dst, const void* src, size_t bytes, Device device);
 bool cuda_available();  ///< built with CUDA and a device is present
+
+/// Builds a CUDA cache for config (config.device is CUDA). Implemented in src/cuda/ (helper D);
+/// the stub throws CudaError. Called by KVCacheFactory::create.
+std::unique_ptr<KVCache> create_cuda_cache(const KVCacheConfig& config);
 }  // namespace veloxquant::detail
