@@ -36,10 +36,10 @@ uint64_t read_le64(const uint8_t* p) {
   return v;
 }
 
-// Printable, length-bounded form of a name taken from an untrusted header (for messages).
-std::string quoted(const std::string& s) {
-  std::string out = "'";
-  for (size_t i = 0; i < s.size() && i < 80; ++i) {
+// Printable, length-bounded form of text taken from an untrusted header (for messages).
+std::string printable(const std::string& s, size_t max_len = 80) {
+  std::string out;
+  for (size_t i = 0; i < s.size() && i < max_len; ++i) {
     const unsigned char c = static_cast<unsigned char>(s[i]);
     if (c >= 0x20 && c < 0x7F) {
       out += static_cast<char>(c);
@@ -49,9 +49,10 @@ std::string quoted(const std::string& s) {
       out += buf;
     }
   }
-  if (s.size() > 80) out += "...";
-  return out + "'";
+  if (s.size() > max_len) out += "...";
+  return out;
 }
+std::string quoted(const std::string& s) { return "'" + printable(s) + "'"; }
 
 std::optional<DType> vq_dtype_of(const std::string& s) {
   if (s == "F32") return DType::F32;
@@ -124,7 +125,7 @@ SafetensorsHeader parse_safetensors(const uint8_t* data, size_t size) {
   try {
     root = json::parse(hb, hb + h.header_bytes, cb, /*allow_exceptions=*/true);
   } catch (const json::exception& e) {
-    VQ_THROW(FormatError, "safetensors: header is not valid JSON: " << e.what());
+    VQ_THROW(FormatError, "safetensors: header is not valid JSON: " << printable(e.what(), 300));
   }
   VQ_CHECK_FORMAT(root.is_object(), "safetensors: header is not a JSON object");
 
