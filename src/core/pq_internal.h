@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 
 #include "veloxquant/pq.h"
 
@@ -20,5 +21,19 @@ void pq_check_ready(const ProductQuantizer& pq, const char* what);
 void pq_check_pack_args(int64_t n_rows, int64_t n_codes, int bits, const char* what);
 /// Throws ValueError naming the first idx[r][i] >= 2^bits, if any.
 void pq_check_code_range(const uint32_t* idx, int64_t n_rows, int64_t n_codes, int bits, const char* what);
+
+/// Exact nearest centroid (src/cpu/pq_nearest.cpp): assign[i] = argmin_c of the oracle distance
+/// pq_sub_distance_ref(x[i], cb[c], d), ties to the lowest index; dist[i] (if not null) = that
+/// distance. Points with a non-finite coordinate get 0 (dist unspecified). Any d >= 1 (unrolled
+/// up to 16). Results do not depend on n_threads (0 = hardware concurrency).
+/// @param x [n, d]  @param cb [k, d]  @param assign [n]  @param dist [n] or null
+void nearest_centroids(const float* x, int64_t n, int d, const float* cb, int k, int32_t* assign, float* dist,
+                       int n_threads);
+
+/// n_threads (0 = hardware concurrency) capped so each thread gets >= min_items_per_thread items.
+int resolve_thread_count(int n_threads, int64_t n_items, int64_t min_items_per_thread);
+/// Runs fn on n_threads contiguous sub-ranges of [0, n) (the calling thread takes the first);
+/// rethrows the first exception after all have finished.
+void parallel_ranges(int64_t n, int n_threads, const std::function<void(int64_t, int64_t)>& fn);
 
 }  // namespace veloxquant::detail
