@@ -49,9 +49,11 @@ class Tokenizer {
   /// always recognised as their tokens, as in the reference.
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens = true) const;
 
-  /// Decodes `ids` to UTF-8 text. Byte sequences that are not valid UTF-8 become U+FFFD
-  /// (as in the reference). With `skip_special_tokens`, tokens marked special are dropped.
-  /// Throws ValueError for an id outside [0, vocab_size()).
+  /// Decodes `ids` to UTF-8 text with the file's decoder. Byte sequences that are not valid
+  /// UTF-8 become U+FFFD (as in the reference). With `skip_special_tokens`, tokens marked
+  /// special are dropped. Ids >= vocab_size() (e.g. padding rows of an embedding matrix) have
+  /// no token and decode to nothing, as in the reference; a negative id throws ValueError.
+  /// (transformers' clean_up_tokenization_spaces is not applied.)
   std::string decode(std::span<const int32_t> ids, bool skip_special_tokens = false) const;
 
   /// Number of ids (model vocabulary plus added tokens): the largest id + 1.
@@ -103,10 +105,9 @@ class StreamDecoder {
  private:
   Tokenizer tok_;
   bool skip_special_;
-  std::vector<int32_t> ids_;  // ids since the last boundary
-  size_t prefix_ = 0;         // ids_[0, prefix_) give context only, their text was emitted
-  size_t read_ = 0;           // ids_[prefix_, read_) have been emitted
-  bool started_ = false;      // whether any text was emitted (first-token strip handled)
+  std::vector<int32_t> ids_;  // context ids followed by the ids whose text is pending
+  std::string prefix_;        // text of the context ids ids_[0, prefix_index_)
+  size_t prefix_index_ = 0;
 };
 
 }  // namespace veloxquant::runtime
