@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/build.sh "$@"
+bash scripts/fetch_tokenizers.sh
 ctest --test-dir "${VQ_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" --timeout 600
