@@ -76,6 +76,11 @@ const WORDS = [
 const CONTRACTIONS = ["'s", "'t", "'re", "'ve", "'m", "'ll", "'d", "'S", "'T", "'RE", "'Ve", "'M", "'LL", "'D",
   "'rE", "'lL", "’s", "’T", "''", "'", "'x", "'sS"];
 const CONTRACTION_WORDS = ["I", "you", "DON", "can", "it", "He", "we", "THEY", "she", "O", "rock", "'n", "y", "ain"];
+// Characters on both sides of the White_Space line (regex \s, char::is_whitespace) and
+// ones that normalization (NFC) or case folding ((?i:'s) matches "'ſ") changes.
+const ODD_CHARS = ["\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u1680", "\u180e", "\u2000", "\u2005", "\u200a",
+  "\u2028", "\u2029", "\u202f", "\u205f", "\ufeff", "\u212b", "\u2126", "\u1e9b\u0323", "\u0344", "\uf900",
+  "'\u017f", "'\u212a", "'\u0130", "\u1100\u1161", "\u0958", "\u2fa1d", "\ufb1d", "\u0340"];
 const SPACES = [" ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r", " \n", "\n ", " \t ", "\u00a0", "\u3000",
   "\u2009", "\u200b", "\u2028", "\u000b", "\u000c", "\u0085", "    \n    ", "\n\n\n\n", "\t \n \t"];
 const CODE = [
@@ -159,6 +164,14 @@ function buildCorpus(specials) {
     for (let j = 0; j < n; j++) s += pick(ws);
     out.push(rand() < 0.5 ? s : pick(WORDS) + s + pick(WORDS) + (rand() < 0.3 ? s : ""));
   }
+  // Odd characters alone, between words and in runs.
+  for (const c of ODD_CHARS) out.push(c, "a" + c + "b", " " + c + " ", c + c + "x", "it" + c + "s", "I" + c);
+  for (let i = 0; i < 100; i++) {
+    let s = "";
+    const n = 1 + ri(6);
+    for (let j = 0; j < n; j++) s += pick(rand() < 0.5 ? ODD_CHARS : ws) + (rand() < 0.3 ? pick(WORDS) : "");
+    out.push(s);
+  }
   // Numbers.
   for (let i = 0; i < 250; i++) out.push(rand() < 0.5 ? randomNumber() : randomNumber() + pick(SPACES) + randomNumber() + pick([" apples", "%", "km", ""]));
   // Contractions with odd casing.
@@ -202,6 +215,29 @@ function buildCorpus(specials) {
   return out.filter((s) => !/[\ud800-\udfff]/.test(s.replace(/[\ud800-\udbff][\udc00-\udfff]/g, "")));
 }
 
+// With `ignore_merges` a word that is itself a vocabulary entry is one token even where the
+// merges would not build it. Such words are rare in random text, so for tokenizers that set
+// the flag, the vocabulary entries whose encoding changes with the flag off are added (as
+// the text they decode to, alone and after a space).
+async function ignoreMergesWords(tj, rt) {
+  if (!tj.model.ignore_merges) return [];
+  const off = rs.Tokenizer.fromString(JSON.stringify({ ...tj, model: { ...tj.model, ignore_merges: false } }));
+  const entries = Object.entries(tj.model.vocab).sort((a, b) => a[1] - b[1]);
+  const words = [];
+  for (const [, id] of entries) {
+    const text = await rt.decode([id], false);
+    if (text.includes("\ufffd") || text.length === 0) continue;
+    const a = (await rt.encode(text, null, { addSpecialTokens: false })).getIds();
+    const b = (await off.encode(text, null, { addSpecialTokens: false })).getIds();
+    if (a.length !== b.length || a.some((x, i) => x !== b[i])) words.push(text);
+  }
+  const picked = [];
+  for (let i = 0; i < words.length && picked.length < 150; i += Math.max(1, Math.floor(words.length / 150)))
+    picked.push(words[i]);
+  console.log(`  ignore_merges: ${words.length} vocabulary words encode differently without it; ${picked.length} added`);
+  return picked.concat(picked.slice(0, 50).map((w) => "x " + w + " y"));
+}
+
 // ---- run both implementations ------------------------------------------------------------
 function sameIds(a, b) {
   return a.length === b.length && a.every((x, i) => x === b[i]);
@@ -221,7 +257,7 @@ for (const t of TOKENIZERS) {
   const js = (await import(pathToFileURL(path.join(pkgDir, "dist/main.mjs")).href)).fromPreTrained();
   const rt = rs.Tokenizer.fromFile(tjPath);
   const specials = tj.added_tokens.map((a) => a.content).slice(0, 12);
-  const corpus = buildCorpus(specials);
+  const corpus = buildCorpus(specials).concat(await ignoreMergesWords(tj, rt));
   const vocabSize = rt.getVocabSize(true);
 
   const encode = [];
