@@ -96,13 +96,25 @@ void score_block(const SoACentroids& s, const float* xm2, int ldx, int nb, float
     const __m512 nv = _mm512_loadu_ps(nrm + c0);
     if constexpr (D > 0) {
       __m512 cv[D];
+#pragma GCC unroll 16
       for (int j = 0; j < D; ++j) cv[j] = _mm512_loadu_ps(cbT + size_t(j) * Kp + c0);
-      for (int b = 0; b < kBlock; ++b) {
-        if (b >= nb) break;
-        __m512 acc = nv;
-        for (int j = 0; j < D; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(xm2[b * ldx + j]), cv[j], acc);
-        _mm512_storeu_ps(buf + size_t(b) * Kp + c0, acc);
-        mn[b] = _mm512_min_ps(mn[b], acc);
+      if (nb == kBlock) {  // the common full block: fully unrolled, everything in registers
+#pragma GCC unroll 8
+        for (int b = 0; b < kBlock; ++b) {
+          __m512 acc = nv;
+#pragma GCC unroll 16
+          for (int j = 0; j < D; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(xm2[b * ldx + j]), cv[j], acc);
+          _mm512_storeu_ps(buf + size_t(b) * Kp + c0, acc);
+          mn[b] = _mm512_min_ps(mn[b], acc);
+        }
+      } else {
+        for (int b = 0; b < nb; ++b) {
+          __m512 acc = nv;
+#pragma GCC unroll 16
+          for (int j = 0; j < D; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(xm2[b * ldx + j]), cv[j], acc);
+          _mm512_storeu_ps(buf + size_t(b) * Kp + c0, acc);
+          mn[b] = _mm512_min_ps(mn[b], acc);
+        }
       }
     } else {
       for (int b = 0; b < nb; ++b) {
@@ -174,6 +186,111 @@ ScoreFn pick_impl(int d, std::integer_sequence<int, Ds...>) {
 }
 ScoreFn pick_score_fn(int d) { return pick_impl(d, std::make_integer_sequence<int, kMaxUnrolledDim>{}); }
 
+// The margin above the minimum score a_w within which the oracle's argmin must lie.
+// κ = (d + 3)·u bounds the relative error of both the fast score (||c||² − 2x·c, error
+// ≤ (d + 2)·u·(||x|| + ||c||)²) and the oracle's f32 distance (≤ (d + 3)·u·||x − c||²). Only
+// centroids that could tie or beat w matter; those satisfy ||x − c||² ≤ T1 ≈ ||x − w||², hence
+// ||x|| + ||c|| ≤ R = 2||x|| + sqrt(T1), and their scores err by at most E = κR². The oracle's
+// argmin o then has a_o ≤ a_w + 2E + 2κT1. We return twice that.
+// @param nx ||x||²  @param tw ||x − w||² (in double) for the fast argmin w
+inline double tie_margin(int d, double nx, double tw) {
+  const double kappa = (d + 3.0) * std::ldexp(1.0, -24);
+  const double t1 = tw * (1.0 + 8.0 * kappa) + 1e-30;
+  const double r = 2.0 * std::sqrt(nx) + std::sqrt(t1);
+  return 2.0 * (2.0 * kappa * r * r + 2.0 * kappa * t1);
+}
+
+inline double dist_d(const float* x, const float* c, int d) {
+  double s = 0.0;
+  for (int j = 0; j < d; ++j) {
+    const double t = double(x[j]) - double(c[j]);
+    s += t * t;
+  }
+  return s;
+}
+
+#if defined(__AVX512F__)
+// Register-only variant (AVX-512, d <= 16; xm2 [NB, 16], −2·x per point, zero-padded): per lane it keeps the smallest score, that score's
+// centroid index and the second-smallest score, so no score buffer and no second scan are
+// needed. Afterwards the answer is proven unique when exactly one lane's minimum, and no
+// lane's second minimum, lies within the error margin of the overall minimum; otherwise
+// code[b] = -1 and the caller runs the oracle over all centroids (near-ties: rare on real data).
+__attribute__((always_inline)) inline void top2_step(__m512& mn1, __m512& mn2, __m512i& id1, __m512 acc, __m512i cur) {
+  const __mmask16 lt = _mm512_cmp_ps_mask(acc, mn1, _CMP_LT_OQ);  // strict: equal keeps the lower index
+  mn2 = _mm512_min_ps(mn2, _mm512_max_ps(acc, mn1));
+  mn1 = _mm512_min_ps(mn1, acc);
+  id1 = _mm512_mask_mov_epi32(id1, lt, cur);
+}
+
+template <int D, int NB>
+void top2_block(const SoACentroids& s, const float* xm2, int nb, const float* x, const float* cb, const double* nx,
+                int32_t* code) {
+  const int Kp = s.Kp;
+  const float* cbT = s.cbT.data();
+  const float* nrm = s.norms.data();
+  __m512 mn1[NB], mn2[NB];
+  __m512i id1[NB];
+  for (int b = 0; b < NB; ++b) {
+    mn1[b] = _mm512_set1_ps(INFINITY);
+    mn2[b] = _mm512_set1_ps(INFINITY);
+    id1[b] = _mm512_setzero_si512();
+  }
+  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i step = _mm512_set1_epi32(16);
+  for (int c0 = 0; c0 < Kp; c0 += 16) {
+    __m512 cv[D];
+#pragma GCC unroll 16
+    for (int j = 0; j < D; ++j) cv[j] = _mm512_loadu_ps(cbT + size_t(j) * Kp + c0);
+    const __m512 nv = _mm512_loadu_ps(nrm + c0);
+    // Always NB points (the caller pads a short tail block with zeros): constant indices
+    // everywhere, so mn1/mn2/id1 live in registers.
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) {
+      __m512 acc = nv;
+#pragma GCC unroll 16
+      for (int j = 0; j < D; ++j) acc = _mm512_fmadd_ps(_mm512_set1_ps(xm2[b * 16 + j]), cv[j], acc);
+      top2_step(mn1[b], mn2[b], id1[b], acc, cur);
+    }
+    cur = _mm512_add_epi32(cur, step);
+  }
+#pragma GCC unroll 8
+  for (int b = 0; b < NB; ++b) {
+    if (b >= nb) break;
+    alignas(64) float t[16];
+    _mm512_store_ps(t, mn1[b]);
+    float m = t[0];
+    for (int i = 1; i < 16; ++i) m = std::min(m, t[i]);
+    alignas(64) int32_t ids[16];
+    _mm512_store_si512(reinterpret_cast<__m512i*>(ids), id1[b]);
+    const __mmask16 at_min = _mm512_cmp_ps_mask(mn1[b], _mm512_set1_ps(m), _CMP_EQ_OQ);
+    if (at_min == 0) {  // cannot happen for finite scores; let the oracle decide
+      code[b] = -1;
+      continue;
+    }
+    const int32_t w = ids[__builtin_ctz(unsigned(at_min))];
+    const double margin = tie_margin(s.d, nx[b], dist_d(x + size_t(b) * s.d, cb + size_t(w) * s.d, s.d));
+    const __m512 thr = _mm512_set1_ps(float(double(m) + margin));
+    const __mmask16 lanes = _mm512_cmp_ps_mask(mn1[b], thr, _CMP_LE_OQ);
+    const __mmask16 second = _mm512_cmp_ps_mask(mn2[b], thr, _CMP_LE_OQ);
+    code[b] = (__builtin_popcount(unsigned(lanes)) == 1 && second == 0) ? w : -1;
+  }
+}
+
+// Points per block: enough to amortise the codebook loads, few enough to stay in 32 registers.
+constexpr int top2_nb(int d) { return d <= 4 ? 8 : 4; }
+using Top2Fn = void (*)(const SoACentroids&, const float*, int, const float*, const float*, const double*, int32_t*);
+template <int... Ds>
+Top2Fn pick_top2_impl(int d, std::integer_sequence<int, Ds...>) {
+  Top2Fn f = nullptr;
+  ((d == Ds + 1 ? (f = top2_block<Ds + 1, top2_nb(Ds + 1)>, 0) : 0), ...);
+  return f;
+}
+Top2Fn pick_top2_fn(int d) { return pick_top2_impl(d, std::make_integer_sequence<int, kMaxUnrolledDim>{}); }
+#else
+using Top2Fn = void (*)(const SoACentroids&, const float*, int, const float*, const float*, const double*, int32_t*);
+Top2Fn pick_top2_fn(int) { return nullptr; }
+#endif
+
 // First index c in [c0, K) with buf[c] <= thr; K if none.
 inline int next_candidate(const float* buf, int c0, int K, float thr) {
   int c = c0;
@@ -209,6 +326,57 @@ int32_t oracle_argmin(const float* xs, const float* cb, int k, int d, float* bes
   return best;
 }
 
+// Register-only path (AVX-512, d <= 16); see top2_block.
+void nearest_range_top2(const SoACentroids& s, Top2Fn top2, const float* x, const float* cb, int64_t i0, int64_t i1,
+                        int32_t* assign, float* dist) {
+  const int d = s.d, K = s.K;
+  constexpr int kMaxNb = 8;
+  float xm2[kMaxNb * 16];
+  double nxs[kMaxNb];
+  bool direct[kMaxNb];
+  int32_t code[kMaxNb];
+  const int nbmax = d <= 4 ? 8 : 4;  // = top2_nb(d)
+  for (int64_t p0 = i0; p0 < i1; p0 += nbmax) {
+    const int nb = int(std::min<int64_t>(nbmax, i1 - p0));
+    for (int b = 0; b < nb; ++b) {
+      const float* xs = x + (p0 + b) * d;
+      double nx = 0.0;
+      bool fin = true;
+      for (int j = 0; j < d; ++j) {
+        fin = fin && std::isfinite(xs[j]);
+        nx += double(xs[j]) * xs[j];
+        xm2[b * 16 + j] = -2.0f * xs[j];
+      }
+      const double r = std::sqrt(nx) + s.cmax;
+      nxs[b] = nx;
+      direct[b] = !fin || !(r * r < 1e36);  // non-finite, or squares could overflow: no kernel
+      if (direct[b])
+        for (int j = 0; j < d; ++j) xm2[b * 16 + j] = 0.0f;  // keep the kernel's inputs tame
+    }
+    for (int b = nb; b < nbmax; ++b)
+      for (int j = 0; j < d; ++j) xm2[b * 16 + j] = 0.0f;  // padding points, results ignored
+    top2(s, xm2, nb, x + p0 * d, cb, nxs, code);
+    for (int b = 0; b < nb; ++b) {
+      const int64_t i = p0 + b;
+      const float* xs = x + i * d;
+      float best_d = NAN;
+      int32_t c;
+      if (direct[b]) {
+        bool fin = true;
+        for (int j = 0; j < d; ++j) fin = fin && std::isfinite(xs[j]);
+        c = fin ? oracle_argmin(xs, cb, K, d, &best_d) : 0;
+      } else if (code[b] < 0) {
+        c = oracle_argmin(xs, cb, K, d, &best_d);
+      } else {
+        c = code[b];
+        if (dist) best_d = pq_sub_distance_ref(xs, cb + size_t(c) * d, d);
+      }
+      assign[i] = c;
+      if (dist) dist[i] = best_d;
+    }
+  }
+}
+
 void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const float* cb, int64_t i0, int64_t i1,
                    int32_t* assign, float* dist) {
   const int d = s.d, K = s.K;
@@ -216,9 +384,8 @@ void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const f
   std::vector<float> buf(size_t(kBlock) * s.Kp);
   std::vector<float> xm2(size_t(kBlock) * d);
   float amin[kBlock];
-  double margin[kBlock];
+  double nxs[kBlock];
   bool fast[kBlock], finite[kBlock];
-  const double factor = 2.0 * 2.0 * (2.0 * d + 5.0) * std::ldexp(1.0, -24);
   for (int64_t p0 = i0; p0 < i1; p0 += kBlock) {
     const int nb = int(std::min<int64_t>(kBlock, i1 - p0));
     bool any_fast = false;
@@ -234,7 +401,7 @@ void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const f
       const double r = std::sqrt(nx) + s.cmax;
       finite[b] = fin;
       fast[b] = fin && r * r < 1e36;
-      margin[b] = factor * r * r + 1e-30;
+      nxs[b] = nx;
       if (!fast[b])
         for (int j = 0; j < d; ++j) xm2[size_t(b) * ldx + j] = 0.0f;  // keep the kernel's inputs tame
       any_fast = any_fast || fast[b];
@@ -251,8 +418,10 @@ void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const f
         code = oracle_argmin(xs, cb, K, d, &best_d);
       } else {
         const float* bb = buf.data() + size_t(b) * s.Kp;
-        const float thr = float(double(amin[b]) + margin[b]);
-        int c = next_candidate(bb, 0, K, thr);
+        const int w = next_candidate(bb, 0, K, amin[b]);  // first index at the minimum
+        const double margin = w < K ? tie_margin(d, nxs[b], dist_d(xs, cb + size_t(w) * d, d)) : 0.0;
+        const float thr = float(double(amin[b]) + margin);
+        int c = w < K ? next_candidate(bb, 0, K, thr) : K;
         if (c >= K) {  // cannot happen for finite scores; stay correct regardless
           code = oracle_argmin(xs, cb, K, d, &best_d);
         } else {
@@ -317,10 +486,14 @@ void nearest_centroids(const float* x, int64_t n, int d, const float* cb, int k,
   if (n <= 0) return;
   const SoACentroids s = make_soa(cb, k, d);
   const ScoreFn score = pick_score_fn(d);
+  const Top2Fn top2 = pick_top2_fn(d);
   // ≥ ~256k point·centroid·dim evaluations per thread before another thread pays for its start
   const int64_t per_point = int64_t(k) * d;
   const int nt = resolve_thread_count(n_threads, n, std::max<int64_t>(1, (int64_t(1) << 18) / per_point));
-  parallel_ranges(n, nt, [&](int64_t r0, int64_t r1) { nearest_range(s, score, x, cb, r0, r1, assign, dist); });
+  parallel_ranges(n, nt, [&](int64_t r0, int64_t r1) {
+    if (top2) nearest_range_top2(s, top2, x, cb, r0, r1, assign, dist);
+    else nearest_range(s, score, x, cb, r0, r1, assign, dist);
+  });
 }
 
 }  // namespace veloxquant::detail
