@@ -61,8 +61,15 @@
 // has only the codebooks. meta_state(): "class", "mode", "offset", "residual_count", "batch",
 // "n_kv_heads", "head_dim", the bit/sub_dim fields, "residual_length", "storage_dtype",
 // "step", "fused_sdpa_max_ctx", "use_hadamard", "identity_smooth", "random_codebooks", "seed".
-// restore() validates all of it before changing anything; afterwards the cache behaves bit for
-// bit like the one saved.
+// "capacity" (token slots allocated, so nbytes() is reproduced too). restore() validates all
+// of it before changing anything; afterwards the cache behaves bit for bit like the one saved.
+// set_state / set_meta_state follow mlx_lm's order (state first, then meta_state): a state that
+// does not fit the current meta is validated for names and staged, and the following
+// set_meta_state restores both; a meta alone is applied to the current tensors.
+//
+// config() reports the configuration, except that the codebooks and smooth factors it was
+// given are moved into the quantizers and the transform (config().key_codebook etc. are empty
+// afterwards): read them from key_quantizer(), value_quantizer() and key_transform().
 #pragma once
 
 #include <memory>
@@ -95,8 +102,9 @@ void check_vecinfer_attention(const VecInferAttentionInputs& in, const TensorVie
                               const TensorView& out, const SdpaParams& params);
 
 /// Scalar oracle of attention on codes: dequantizes every coded key (decode, then the inverse
-/// transform) and value in double, plain softmax in double, positions and masks as
-/// attention.h. Window rows are used as stored. A row that sees no key gets zeros.
+/// transform, in f32 as the codebook holds it) and value, then scores, a plain softmax and the
+/// weighted sum in double, positions and masks as attention.h. Window rows are used as stored.
+/// A row that sees no key gets zeros.
 void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView& q,
                             const TensorView& out, const SdpaParams& params);
 
@@ -174,6 +182,7 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   ThreadPool& pool() const { return *pool_; }
 
  private:
+  std::optional<CacheState> staged_state_;  // set_state waiting for its set_meta_state
   void check_kv(const TensorView& keys, const TensorView& values) const;
   void append(const TensorView& keys, const TensorView& values);
   void ensure_heads(int n_kv_heads);

@@ -1,0 +1,369 @@
+// src/cpu/attention_cpu.cpp — optimised CPU attention over plain K/V (the fp16 baseline), and
+// the unit machinery it shares with attention on codes (attention_kernels.h).
+//
+// Layout: q [batch, n_heads, q_len, head_dim], k/v [batch, n_kv_heads, kv_len, head_dim], any
+// float dtype and strides. Work units are (batch, kv head, block of 4 query rows, chunk of
+// kDenseChunk key positions); the 4 rows of a block share each K/V row read (GQA: K/V are
+// never repeated). Inside a unit: scores of all chunk tokens (F16C/AVX-512 dot products of a
+// key row against 4 query rows, the 4 sums reduced together), then per-row max, exp and the
+// value accumulation (4 rows × 64 dims = 16 zmm accumulators per pass). Decode reads each
+// K/V byte exactly once, so on this machine it runs at memory bandwidth.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "cpu/attention_kernels.h"
+#include "cpu/simd_util.h"
+#include "veloxquant/attention.h"
+#include "veloxquant/cache.h"
+#include "veloxquant/error.h"
+#include "veloxquant/thread_pool.h"
+
+namespace veloxquant {
+namespace detail {
+
+namespace {
+constexpr int64_t kDenseChunk = 2048;  // tokens per unit: 32 KiB of scores, fine-grained balance
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+}  // namespace
+
+UnitScratch& thread_scratch() {
+  thread_local UnitScratch s;
+  return s;
+}
+
+void run_tasks(ThreadPool* pool, int64_t n, const std::function<void(int64_t, int)>& fn) {
+  if (pool) {
+    pool->parallel_for(n, fn);
+  } else {
+    for (int64_t i = 0; i < n; ++i) fn(i, 0);
+  }
+}
+
+bool softmax_chunk(float* S4, int64_t t0, int64_t n, const RowBlock& rb, Partial& part) {
+  bool full = true;
+  for (int r = 0; r < kRowBlock; ++r)
+    full &= rb.range[r].lo <= t0 && rb.range[r].hi >= t0 + n - 1;
+  if (!full) {
+    for (int r = 0; r < kRowBlock; ++r) {
+      const int64_t lo = rb.range[r].lo, hi = rb.range[r].hi;
+      for (int64_t t = 0; t < n; ++t) {
+        const int64_t pos = t0 + t;
+        if (pos < lo || pos > hi) S4[4 * t + r] = kNegInf;
+      }
+    }
+  }
+  float m[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  __m512 mv = _mm512_set1_ps(kNegInf);
+  for (; i + 4 <= n; i += 4) mv = _mm512_max_ps(mv, _mm512_loadu_ps(S4 + 4 * i));
+  alignas(64) float a[16];
+  _mm512_store_ps(a, mv);
+  for (int l = 0; l < 16; ++l) m[l & 3] = std::max(m[l & 3], a[l]);
+#endif
+  for (; i < n; ++i)
+    for (int r = 0; r < 4; ++r) m[r] = std::max(m[r], S4[4 * i + r]);
+  bool any = false;
+  for (int r = 0; r < 4; ++r) {
+    part.m[r] = m[r];
+    part.l[r] = 0.0f;
+    if (m[r] == kNegInf) m[r] = 0.0f;  // every score is −inf: exp gives 0
+    else any |= r < rb.n_rows;
+  }
+  if (!any) return false;
+  exp_sub_lanes4(S4, n, m, part.l);
+  return true;
+}
+
+void merge_partials(const Partial* parts, int n, int n_rows, int64_t D, float* tmp, void* const* out_rows,
+                    DType odt, int64_t ods) {
+  for (int r = 0; r < n_rows; ++r) {
+    float M = kNegInf;
+    for (int i = 0; i < n; ++i)
+      if (parts[i].l[r] > 0.0f) M = std::max(M, parts[i].m[r]);
+    std::fill(tmp, tmp + D, 0.0f);
+    float L = 0.0f;
+    if (M != kNegInf) {
+      for (int i = 0; i < n; ++i) {
+        if (!(parts[i].l[r] > 0.0f)) continue;
+        const float w = std::exp(parts[i].m[r] - M);
+        L += w * parts[i].l[r];
+        const float* o = parts[i].o + r * D;
+        for (int64_t d = 0; d < D; ++d) tmp[d] += w * o[d];
+      }
+    }
+    const float inv = L > 0.0f ? 1.0f / L : 0.0f;
+    for (int64_t d = 0; d < D; ++d) store_f32(out_rows[r], odt, d * ods, tmp[d] * inv);
+  }
+}
+
+// ---- dense partial ------------------------------------------------------------------------
+
+namespace {
+
+inline const char* row_ptr(const void* base, DType t, int64_t elem_off) {
+  return static_cast<const char*>(base) + elem_off * dtype_size(t);
+}
+
+// Generic path: any dtype, any head_dim stride, any head_dim.
+void dense_scores_generic(const DenseSource& src, int64_t a, int64_t b, int64_t D, const RowBlock& rb,
+                          float* S4, float* krow) {
+  for (int64_t t = a; t < b; ++t) {
+    load_row_f32(row_ptr(src.k, src.kt, src.slot(t) * src.k_ts), src.kt, src.k_ds, D, krow);
+    for (int r = 0; r < 4; ++r) {
+      const float* q = rb.q + r * D;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t d = 0;
+      for (; d + 8 <= D; d += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += q[d + j] * krow[d + j];
+      for (; d < D; ++d) acc[0] += q[d] * krow[d];
+      S4[4 * (t - a) + r] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+  }
+}
+
+void dense_values_generic(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o,
+                          float* vrow) {
+  for (int64_t t = a; t < b; ++t) {
+    const float* p = P4 + 4 * (t - a);
+    if (p[0] == 0.0f && p[1] == 0.0f && p[2] == 0.0f && p[3] == 0.0f) continue;
+    load_row_f32(row_ptr(src.v, src.vt, src.slot(t) * src.v_ts), src.vt, src.v_ds, D, vrow);
+    for (int r = 0; r < 4; ++r) {
+      float* orow = o + r * D;
+      const float pr = p[r];
+      for (int64_t d = 0; d < D; ++d) orow[d] += pr * vrow[d];
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+template <DType T>
+inline __m512 load16(const char* p) {
+  if constexpr (T == DType::F16) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  } else if constexpr (T == DType::BF16) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
+  } else {
+    return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
+  }
+}
+
+// Sums each of a0..a3 horizontally; returns {Σa0, Σa1, Σa2, Σa3}.
+inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  // u = [a0.l0+a0.l2, a0.l1+a0.l3, a1.l0+a1.l2, a1.l1+a1.l3] (128-bit lanes), v alike for a2, a3
+  __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
+  // w = [a0 partial, a1 partial, a2 partial, a3 partial], 4 floats each
+  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0x4E));
+  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0xB1));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, w));
+}
+
+template <DType T>
+void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const RowBlock& rb, float* S4) {
+  const int es = dtype_size(T);
+  const float* q0 = rb.q;
+  const float* q1 = rb.q + D;
+  const float* q2 = rb.q + 2 * D;
+  const float* q3 = rb.q + 3 * D;
+  for (int64_t t = a; t < b; ++t) {
+    const char* kp = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 kv = load16<T>(kp + d * es);
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + d), kv, a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + d), kv, a1);
+      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + d), kv, a2);
+      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q3 + d), kv, a3);
+    }
+    _mm_storeu_ps(S4 + 4 * (t - a), hsum4(a0, a1, a2, a3));
+  }
+}
+
+// One slab of NZ·16 value dims [s0, s0 + 16·NZ) for 4 rows: 4·NZ accumulators in registers.
+template <DType T, int NZ>
+void dense_values_slab(const DenseSource& src, int64_t a, int64_t b, int64_t D, int64_t s0, const float* P4,
+                       float* o) {
+  const int es = dtype_size(T);
+  __m512 acc[4][NZ];
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_loadu_ps(o + r * D + s0 + 16 * j);
+  for (int64_t t = a; t < b; ++t) {
+    const float* p = P4 + 4 * (t - a);
+    const char* vp = static_cast<const char*>(src.v) + (src.slot(t) * src.v_ts + s0) * es;
+    __m512 vv[NZ];
+    for (int j = 0; j < NZ; ++j) vv[j] = load16<T>(vp + 16 * j * es);
+    for (int r = 0; r < 4; ++r) {
+      const __m512 pr = _mm512_set1_ps(p[r]);
+      for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_fmadd_ps(pr, vv[j], acc[r][j]);
+    }
+  }
+  for (int r = 0; r < 4; ++r)
+    for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(o + r * D + s0 + 16 * j, acc[r][j]);
+}
+
+template <DType T>
+void dense_values_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
+  int64_t s0 = 0;
+  for (; s0 + 64 <= D; s0 += 64) dense_values_slab<T, 4>(src, a, b, D, s0, P4, o);
+  for (; s0 + 16 <= D; s0 += 16) dense_values_slab<T, 1>(src, a, b, D, s0, P4, o);
+}
+#endif
+
+}  // namespace
+
+void dense_partial(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock& rb,
+                   UnitScratch& scratch, Partial& out) {
+  std::fill(out.o, out.o + 4 * D, 0.0f);
+  const int64_t a = std::max(t0, rb.lo), b = std::min(t1, rb.hi + 1);
+  if (a >= b) {
+    for (int r = 0; r < 4; ++r) out.m[r] = kNegInf, out.l[r] = 0.0f;
+    return;
+  }
+  const int64_t n = b - a;
+  float* S4 = scratch.scores.get(size_t(4 * n + 16));
+#if defined(__AVX512F__)
+  const bool fast_k = src.k_ds == 1 && D % 16 == 0;
+  const bool fast_v = src.v_ds == 1 && D % 16 == 0;
+#else
+  const bool fast_k = false, fast_v = false;
+#endif
+  float* tmp = scratch.tmp.get(size_t(D));
+  if (fast_k) {
+#if defined(__AVX512F__)
+    switch (src.kt) {
+      case DType::F16: dense_scores_512<DType::F16>(src, a, b, D, rb, S4); break;
+      case DType::BF16: dense_scores_512<DType::BF16>(src, a, b, D, rb, S4); break;
+      default: dense_scores_512<DType::F32>(src, a, b, D, rb, S4); break;
+    }
+#endif
+  } else {
+    dense_scores_generic(src, a, b, D, rb, S4, tmp);
+  }
+  if (!softmax_chunk(S4, a, n, rb, out)) return;
+  if (fast_v) {
+#if defined(__AVX512F__)
+    switch (src.vt) {
+      case DType::F16: dense_values_512<DType::F16>(src, a, b, D, S4, out.o); break;
+      case DType::BF16: dense_values_512<DType::BF16>(src, a, b, D, S4, out.o); break;
+      default: dense_values_512<DType::F32>(src, a, b, D, S4, out.o); break;
+    }
+#endif
+  } else {
+    dense_values_generic(src, a, b, D, S4, out.o, tmp);
+  }
+}
+
+}  // namespace detail
+
+// ---- attention_cpu ---------------------------------------------------------------------------
+
+void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const SdpaParams& params, ThreadPool* pool) {
+  using namespace detail;
+  check_sdpa_params(params);
+  check_attention_shapes(q, k, v, out);
+  VQ_CHECK_SHAPE(q.device.is_cpu(), "attention_cpu: expected CPU tensors, got " << device_name(q.device));
+  const int64_t B = q.shape[0], H = q.shape[1], Lq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = k.shape[1], Lk = k.shape[2];
+  VQ_CHECK_SHAPE(!params.causal || Lq <= Lk,
+                 "attention: causal with q_len=" << Lq << " > kv_len=" << Lk << " (queries "
+                                                 << q.shape_string() << ", keys " << k.shape_string() << ")");
+  if (B == 0 || H == 0 || Lq == 0) return;
+  const int64_t G = H / Hkv, R = G * Lq, NRB = (R + 3) / 4;
+  const float scale = resolved_scale(params, D);
+
+  // Query rows, scaled, f32: [batch, n_kv_heads, NRB, 4, head_dim]; row blocks alike.
+  std::vector<float> qbuf(size_t(B * Hkv * NRB * 4 * D), 0.0f);
+  std::vector<RowBlock> rbs(size_t(B * Hkv * NRB));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t kh = 0; kh < Hkv; ++kh)
+      for (int64_t blk = 0; blk < NRB; ++blk) {
+        const int64_t id = (b * Hkv + kh) * NRB + blk;
+        RowBlock& rb = rbs[size_t(id)];
+        float* qb = qbuf.data() + id * 4 * D;
+        rb.q = qb;
+        rb.row0 = blk * 4;
+        rb.n_rows = int(std::min<int64_t>(4, R - blk * 4));
+        rb.lo = std::numeric_limits<int64_t>::max();
+        rb.hi = -1;
+        for (int r = 0; r < 4; ++r) {
+          if (r >= rb.n_rows) {
+            rb.range[r] = rb.range[0];  // padded lane: computes garbage, never written out
+            continue;
+          }
+          const int64_t row = rb.row0 + r, i = row / G, h = kh * G + row % G;
+          rb.range[r] = row_range(row, G, Lq, Lk, params);
+          load_row_f32(row_ptr(q.data, q.dtype, off4(q, b, h, i, 0)), q.dtype, q.strides[3], D, qb + r * D);
+          for (int64_t d = 0; d < D; ++d) qb[r * D + d] *= scale;
+          if (!rb.range[r].empty()) {
+            rb.lo = std::min(rb.lo, rb.range[r].lo);
+            rb.hi = std::max(rb.hi, rb.range[r].hi);
+          }
+        }
+        if (rb.hi < 0) rb.lo = 0;
+      }
+
+  // Units: chunks aligned to multiples of kDenseChunk inside each block's visible union.
+  std::vector<Unit> units;
+  std::vector<int64_t> first_unit(rbs.size() + 1, 0);
+  for (size_t id = 0; id < rbs.size(); ++id) {
+    first_unit[id] = int64_t(units.size());
+    const RowBlock& rb = rbs[id];
+    const int64_t b = int64_t(id) / (Hkv * NRB), kh = (int64_t(id) / NRB) % Hkv, blk = int64_t(id) % NRB;
+    if (rb.hi < rb.lo) continue;
+    for (int64_t c = rb.lo / kDenseChunk; c <= rb.hi / kDenseChunk; ++c)
+      units.push_back({b, kh, blk, std::max(rb.lo, c * kDenseChunk), std::min(rb.hi + 1, (c + 1) * kDenseChunk), 0});
+  }
+  first_unit[rbs.size()] = int64_t(units.size());
+  std::vector<float> obuf(units.size() * size_t(4 * D));
+  std::vector<Partial> parts(units.size());
+  for (size_t u = 0; u < units.size(); ++u) parts[u].o = obuf.data() + u * size_t(4 * D);
+
+  run_tasks(pool, int64_t(units.size()), [&](int64_t u, int) {
+    const Unit& un = units[size_t(u)];
+    const RowBlock& rb = rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)];
+    DenseSource src;
+    src.k = row_ptr(k.data, k.dtype, off4(k, un.b, un.kvh, 0, 0));
+    src.v = row_ptr(v.data, v.dtype, off4(v, un.b, un.kvh, 0, 0));
+    src.kt = k.dtype;
+    src.vt = v.dtype;
+    src.k_ts = k.strides[2];
+    src.k_ds = k.strides[3];
+    src.v_ts = v.strides[2];
+    src.v_ds = v.strides[3];
+    dense_partial(src, un.t0, un.t1, D, rb, thread_scratch(), parts[size_t(u)]);
+  });
+
+  // Merge per row block (rows with no unit at all get zeros).
+  run_tasks(pool, int64_t(rbs.size()), [&](int64_t id, int) {
+    const RowBlock& rb = rbs[size_t(id)];
+    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
+    void* rows[4];
+    for (int r = 0; r < rb.n_rows; ++r) {
+      const int64_t row = rb.row0 + r, i = row / G, h = kh * G + row % G;
+      rows[r] = static_cast<char*>(out.data) + off4(out, b, h, i, 0) * dtype_size(out.dtype);
+    }
+    const int64_t u0 = first_unit[size_t(id)], u1 = first_unit[size_t(id) + 1];
+    merge_partials(parts.data() + u0, int(u1 - u0), rb.n_rows, D, thread_scratch().tmp.get(size_t(D)), rows,
+                   out.dtype, out.strides[3]);
+  });
+}
+
+void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const SdpaParams& params) {
+  detail::check_sdpa_params(params);
+  const int n = params.n_threads > 0 ? params.n_threads : default_threads();
+  if (n <= 1) {
+    attention_cpu(q, k, v, out, params, nullptr);
+    return;
+  }
+  ThreadPool pool(n);
+  attention_cpu(q, k, v, out, params, &pool);
+}
+
+}  // namespace veloxquant

@@ -1,0 +1,41 @@
+// src/cpu/cache_common.h — input checks, row conversion and meta_state parsing shared by the
+// CPU caches (fp16_cache.cpp, vecinfer_cache.cpp).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "veloxquant/cache.h"
+#include "veloxquant/tensor.h"
+
+namespace veloxquant::detail {
+
+/// Shape of an update: [batch, n_kv_heads, n_new, head_dim].
+struct KVDims {
+  int64_t batch, n_kv_heads, n_new, head_dim;
+};
+
+/// Validates keys/values of an update against the cache: rank 4, float, CPU, equal shapes,
+/// head_dim, n_kv_heads (when known, > 0), batch (when known, > 0); every value finite and
+/// representable in `storage` (|x| <= 65504 for f16). Throws ShapeError / ValueError naming
+/// the shapes or the first bad element; changes nothing.
+KVDims check_kv_update(const TensorView& keys, const TensorView& values, int64_t head_dim, int64_t n_kv_heads,
+                       int64_t batch, DType storage, const char* who);
+
+/// Converts n f32 values to dtype dt at dst (contiguous), rounding to nearest even.
+void store_row_from_f32(const float* src, int64_t n, void* dst, DType dt);
+
+/// round_up(n, step) (n >= 0, step >= 1).
+inline int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
+
+/// meta_state access: throws FormatError naming the key when missing or not an integer.
+int64_t meta_int(const CacheMetaState& m, const std::string& key);
+std::string meta_str(const CacheMetaState& m, const std::string& key);
+bool meta_bool(const CacheMetaState& m, const std::string& key);
+
+/// The tensor named `name` in a state, or nullptr.
+const Tensor* state_find(const CacheState& s, const std::string& name);
+/// Throws FormatError unless t is a CPU tensor of dtype dt and shape `shape`.
+void check_state_tensor(const Tensor* t, const std::string& name, DType dt, const Shape& shape);
+
+}  // namespace veloxquant::detail

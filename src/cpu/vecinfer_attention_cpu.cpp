@@ -1,0 +1,476 @@
+// src/cpu/vecinfer_attention_cpu.cpp — attention on VecInfer codes, optimised for CPU decode.
+//
+// Inputs (vecinfer_cache.h, VecInferAttentionInputs): key codes [batch, n_kv_heads, n_coded,
+// key_code_bytes], value codes alike, an exact window (ring) of n_window tokens after them.
+// Work is split as in attention_cpu (attention_kernels.h): (batch, kv head, block of 4 query
+// rows, token chunk) units, each a two-pass partial softmax, merged by log-sum-exp.
+//
+// Keys (coded chunk). With q̃_r = (q_r ⊙ λ)·H·scale for the 4 rows of the block:
+//   LUT path (codebook_bits <= 10, chunk long enough to pay for the table):
+//     LUT4[m][c][r] = q̃_r[m·d:(m+1)·d] · C_k[c]   ([n_sub, n_centroids, 4] f32)
+//     score[t][r]  = Σ_m LUT4[m][code_{t,m}][r]   — one 16-byte load serves all 4 rows.
+//   The table (128 KiB for d4b8) exceeds L1, so the m loop is blocked: MB sub-vectors whose
+//   slices fit 32 KiB are done for 512 tokens before the next MB (scores accumulate in place).
+//   Dequant path (otherwise): K̃_t decoded from the codebook, dotted with the 4 rows.
+// Values (coded chunk), after the chunk's scores became p = exp(s − max):
+//   histogram path (codebook_bits <= 10, chunk long enough): T4[m][c][r] += p[t][r] for
+//     c = code_{t,m} (one 16-byte read-modify-write per token and sub-vector, blocked like the
+//     LUT), then o[r][m·d + e] = Σ_c T4[m][c][r]·C_v[c][e].
+//   Dequant path: o[r] += p[t][r]·V̂_t.
+// Window piece: dense_partial over the exact rows with the untransformed q (scale·q·K̂).
+//
+// The LUT build and histogram reduction use a codebook re-laid out as CX[e][c][4] (C[c][e]
+// repeated over the 4 lanes), so 4 centroids × 4 rows are one 16-float vector.
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "cpu/attention_kernels.h"
+#include "cpu/simd_util.h"
+#include "veloxquant/error.h"
+#include "veloxquant/vecinfer_cache.h"
+
+#if defined(__SSE2__)
+#include <immintrin.h>
+#endif
+
+namespace veloxquant {
+namespace detail {
+namespace {
+
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+constexpr int64_t kTokenBlock = 512;     // tokens per inner block (codes + scores stay in L1/L2)
+constexpr int64_t kMinChunk = 2048;      // smallest coded chunk worth its own unit
+constexpr int64_t kTargetUnits = 16;     // split coded spans until about this many units exist
+constexpr int kMaxTableBits = 10;        // LUT/histogram only up to 1024 centroids (512 KiB at d4)
+constexpr size_t kL1Slice = 32 * 1024;   // bytes of table slice per m block
+
+// ---- 4-lane float vector: SSE where present, plain floats elsewhere ----------------------------
+#if defined(__SSE2__)
+using F4 = __m128;
+inline F4 f4_load(const float* p) { return _mm_loadu_ps(p); }
+inline void f4_store(float* p, F4 x) { _mm_storeu_ps(p, x); }
+inline F4 f4_add(F4 a, F4 b) { return _mm_add_ps(a, b); }
+inline F4 f4_zero() { return _mm_setzero_ps(); }
+#else
+struct F4 {
+  float v[4];
+};
+inline F4 f4_load(const float* p) { return {{p[0], p[1], p[2], p[3]}}; }
+inline void f4_store(float* p, F4 x) { std::memcpy(p, x.v, 16); }
+inline F4 f4_add(F4 a, F4 b) { return {{a.v[0] + b.v[0], a.v[1] + b.v[1], a.v[2] + b.v[2], a.v[3] + b.v[3]}}; }
+inline F4 f4_zero() { return {{0, 0, 0, 0}}; }
+#endif
+
+// ---- LUT scores and histogram, blocked over m ----------------------------------------------
+// idx: codes of n tokens, row stride istride (bytes for I = uint8_t, entries for uint16_t).
+template <int MB, typename I>
+void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+  for (int m0 = 0; m0 < n_sub; m0 += MB) {
+    const float* L = lut + size_t(m0) * nc * 4;
+    for (int64_t t = 0; t < n; ++t) {
+      const I* c = idx + t * istride + m0;
+      F4 a0 = f4_load(S4 + 4 * t), a1 = f4_zero();
+      if constexpr (MB == 1) {
+        a0 = f4_add(a0, f4_load(L + size_t(c[0]) * 4));
+      } else {
+        for (int k = 0; k < MB; k += 2) {
+          a0 = f4_add(a0, f4_load(L + (size_t(k) * nc + c[k]) * 4));
+          a1 = f4_add(a1, f4_load(L + (size_t(k + 1) * nc + c[k + 1]) * 4));
+        }
+      }
+      f4_store(S4 + 4 * t, f4_add(a0, a1));
+    }
+  }
+}
+
+template <int MB, typename I>
+void hist_add_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
+  for (int m0 = 0; m0 < n_sub; m0 += MB) {
+    float* T = T4 + size_t(m0) * nc * 4;
+    for (int64_t t = 0; t < n; ++t) {
+      const I* c = idx + t * istride + m0;
+      const F4 p = f4_load(P4 + 4 * t);
+      for (int k = 0; k < MB; ++k) {
+        float* d = T + (size_t(k) * nc + c[k]) * 4;
+        f4_store(d, f4_add(f4_load(d), p));
+      }
+    }
+  }
+}
+
+// Largest m block (8, 4, 2, 1) dividing n_sub whose table slice fits kL1Slice.
+int pick_mb(int n_sub, int nc) {
+  for (int mb : {8, 4, 2}) {
+    if (n_sub % mb == 0 && size_t(mb) * nc * 16 <= kL1Slice) return mb;
+  }
+  return 1;
+}
+
+template <typename I>
+void lut_scores(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+  switch (mb) {
+    case 8: lut_scores_t<8>(idx, istride, n, n_sub, nc, lut, S4); break;
+    case 4: lut_scores_t<4>(idx, istride, n, n_sub, nc, lut, S4); break;
+    case 2: lut_scores_t<2>(idx, istride, n, n_sub, nc, lut, S4); break;
+    default: lut_scores_t<1>(idx, istride, n, n_sub, nc, lut, S4); break;
+  }
+}
+
+template <typename I>
+void hist_add(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
+  switch (mb) {
+    case 8: hist_add_t<8>(idx, istride, n, n_sub, nc, P4, T4); break;
+    case 4: hist_add_t<4>(idx, istride, n, n_sub, nc, P4, T4); break;
+    case 2: hist_add_t<2>(idx, istride, n, n_sub, nc, P4, T4); break;
+    default: hist_add_t<1>(idx, istride, n, n_sub, nc, P4, T4); break;
+  }
+}
+
+// ---- tables from the expanded codebook CX[e][c][4] ---------------------------------------------
+// lut[m][c][r] = Σ_e qt[r][m·d + e] · C[c][e]
+void build_lut(const float* CX, int d, int n_sub, int nc, const float* qt, int64_t D, float* lut) {
+  for (int m = 0; m < n_sub; ++m) {
+    float* L = lut + size_t(m) * nc * 4;
+#if defined(__AVX512F__)
+    if (nc % 4 == 0) {
+      __m512 qp[16];
+      for (int e = 0; e < d; ++e)
+        qp[e] = _mm512_broadcast_f32x4(_mm_setr_ps(qt[m * d + e], qt[D + m * d + e], qt[2 * D + m * d + e],
+                                                   qt[3 * D + m * d + e]));
+      for (int c = 0; c < nc; c += 4) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(CX + size_t(c) * 4), qp[0]);
+        for (int e = 1; e < d; ++e) acc = _mm512_fmadd_ps(_mm512_loadu_ps(CX + (size_t(e) * nc + c) * 4), qp[e], acc);
+        _mm512_storeu_ps(L + size_t(c) * 4, acc);
+      }
+      continue;
+    }
+#endif
+    for (int c = 0; c < nc; ++c)
+      for (int r = 0; r < 4; ++r) {
+        float acc = 0.0f;
+        for (int e = 0; e < d; ++e) acc += qt[r * D + m * d + e] * CX[(size_t(e) * nc + c) * 4];
+        L[size_t(c) * 4 + r] = acc;
+      }
+  }
+}
+
+// o[r][m·d + e] += Σ_c T4[m][c][r] · C[c][e]
+void reduce_hist(const float* CX, int d, int n_sub, int nc, const float* T4, int64_t D, float* o) {
+  for (int m = 0; m < n_sub; ++m) {
+    const float* T = T4 + size_t(m) * nc * 4;
+#if defined(__AVX512F__)
+    if (nc % 4 == 0) {
+      for (int e = 0; e < d; ++e) {
+        const float* C = CX + size_t(e) * nc * 4;
+        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+        int c = 0;
+        for (; c + 8 <= nc; c += 8) {
+          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * 4), _mm512_loadu_ps(C + size_t(c) * 4), acc0);
+          acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c + 4) * 4), _mm512_loadu_ps(C + size_t(c + 4) * 4), acc1);
+        }
+        for (; c < nc; c += 4)
+          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * 4), _mm512_loadu_ps(C + size_t(c) * 4), acc0);
+        const __m512 a = _mm512_add_ps(acc0, acc1);
+        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
+        const __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+        alignas(16) float r4[4];
+        _mm_store_ps(r4, x);
+        for (int r = 0; r < 4; ++r) o[r * D + m * d + e] += r4[r];
+      }
+      continue;
+    }
+#endif
+    for (int e = 0; e < d; ++e)
+      for (int r = 0; r < 4; ++r) {
+        float acc = 0.0f;
+        for (int c = 0; c < nc; ++c) acc += T[size_t(c) * 4 + r] * CX[(size_t(e) * nc + c) * 4];
+        o[r * D + m * d + e] += acc;
+      }
+  }
+}
+
+// ---- dequant paths ---------------------------------------------------------------------------
+template <typename I>
+inline void decode_row(const I* c, int n_sub, int d, const float* cb, float* out) {
+  for (int m = 0; m < n_sub; ++m) std::memcpy(out + m * d, cb + size_t(c[m]) * d, sizeof(float) * size_t(d));
+}
+
+// S4[t][r] = qt[r] · decode(codes_t)
+template <typename I>
+void dequant_scores(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* qt, int64_t D,
+                    float* row, float* S4) {
+  for (int64_t t = 0; t < n; ++t) {
+    decode_row(idx + t * istride, pq.n_sub, pq.sub_dim, pq.codebook.data(), row);
+    for (int r = 0; r < 4; ++r) {
+      const float* q = qt + r * D;
+      float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      int64_t dd = 0;
+      for (; dd + 8 <= D; dd += 8)
+        for (int j = 0; j < 8; ++j) acc[j] += q[dd + j] * row[dd + j];
+      for (; dd < D; ++dd) acc[0] += q[dd] * row[dd];
+      S4[4 * t + r] = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    }
+  }
+}
+
+template <typename I>
+void dequant_values(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* P4, int64_t D,
+                    float* row, float* o) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* p = P4 + 4 * t;
+    if (p[0] == 0.0f && p[1] == 0.0f && p[2] == 0.0f && p[3] == 0.0f) continue;
+    decode_row(idx + t * istride, pq.n_sub, pq.sub_dim, pq.codebook.data(), row);
+    for (int r = 0; r < 4; ++r) {
+      float* orow = o + r * D;
+      const float pr = p[r];
+      for (int64_t dd = 0; dd < D; ++dd) orow[dd] += pr * row[dd];
+    }
+  }
+}
+
+// CX[e][c][4] = C[c][e]
+std::vector<float> expand_codebook(const ProductQuantizer& pq) {
+  const int nc = pq.n_centroids, d = pq.sub_dim;
+  std::vector<float> cx(size_t(nc) * d * 4);
+  for (int e = 0; e < d; ++e)
+    for (int c = 0; c < nc; ++c)
+      for (int r = 0; r < 4; ++r) cx[(size_t(e) * nc + c) * 4 + r] = pq.codebook[size_t(c) * d + e];
+  return cx;
+}
+
+struct CodedContext {
+  const VecInferAttentionInputs* in;
+  int64_t D;
+  bool key_table_ok, value_table_ok;  // bits small enough for LUT / histogram
+  int key_mb, value_mb;
+  std::vector<float> kcx, vcx;  // expanded codebooks (only when the table paths may run)
+};
+
+// Codes of tokens [t, t + n) of one (b, kv head): bytes when bits == 8 (no unpacking), else
+// unpacked into scratch as uint16.
+struct CodeRows {
+  const uint8_t* bytes = nullptr;
+  const uint16_t* wide = nullptr;
+  int64_t stride = 0;
+};
+
+CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t b, int64_t kh, int64_t t, int64_t n,
+                   std::vector<uint16_t>& buf) {
+  const uint8_t* base = static_cast<const uint8_t*>(codes.data) + b * codes.strides[0] + kh * codes.strides[1];
+  CodeRows r;
+  if (pq.codebook_bits == 8 && codes.strides[2] == pq.code_bytes) {
+    r.bytes = base + t * codes.strides[2];
+    r.stride = pq.code_bytes;
+    return r;
+  }
+  if (pq.codebook_bits == 8) {  // strided rows: gather them
+    buf.resize(size_t(n * pq.n_sub));
+    for (int64_t i = 0; i < n; ++i)
+      for (int m = 0; m < pq.n_sub; ++m) buf[size_t(i * pq.n_sub + m)] = base[(t + i) * codes.strides[2] + m];
+  } else {
+    buf.resize(size_t(n * pq.n_sub));
+    for (int64_t i = 0; i < n; ++i) {
+      const uint8_t* row = base + (t + i) * codes.strides[2];
+      for (int m = 0; m < pq.n_sub; ++m) buf[size_t(i * pq.n_sub + m)] = uint16_t(read_code(row, m, pq.codebook_bits));
+    }
+  }
+  r.wide = buf.data();
+  r.stride = pq.n_sub;
+  return r;
+}
+
+void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, int64_t t1, const RowBlock& rb,
+                   UnitScratch& scratch, Partial& out) {
+  const VecInferAttentionInputs& in = *cx.in;
+  const ProductQuantizer& kp = *in.key_pq;
+  const ProductQuantizer& vp = *in.value_pq;
+  const int64_t D = cx.D;
+  std::fill(out.o, out.o + 4 * D, 0.0f);
+  const int64_t a = std::max(t0, rb.lo), e = std::min(t1, rb.hi + 1);
+  if (a >= e) {
+    for (int r = 0; r < 4; ++r) out.m[r] = kNegInf, out.l[r] = 0.0f;
+    return;
+  }
+  const int64_t n = e - a;
+  float* S4 = scratch.scores.get(size_t(4 * n + 16));
+  float* row = scratch.tmp.get(size_t(D));
+  const bool use_lut = cx.key_table_ok && n * 2 >= kp.n_centroids;
+  const bool use_hist = cx.value_table_ok && n * 2 >= vp.n_centroids;
+
+  // Pass 1: scores.
+  float* lut = nullptr;
+  if (use_lut) {
+    lut = scratch.lut.get(size_t(kp.n_sub) * kp.n_centroids * 4);
+    build_lut(cx.kcx.data(), kp.sub_dim, kp.n_sub, kp.n_centroids, rb.qt, D, lut);
+    std::fill(S4, S4 + 4 * n, 0.0f);
+  }
+  for (int64_t t = 0; t < n; t += kTokenBlock) {
+    const int64_t nb = std::min(kTokenBlock, n - t);
+    const CodeRows cr = code_rows(in.key_codes, kp, b, kh, a + t, nb, scratch.idx);
+    if (use_lut) {
+      if (cr.bytes) lut_scores(cx.key_mb, cr.bytes, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
+      else lut_scores(cx.key_mb, cr.wide, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
+    } else {
+      if (cr.bytes) dequant_scores(cr.bytes, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
+      else dequant_scores(cr.wide, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
+    }
+  }
+  if (!softmax_chunk(S4, a, n, rb, out)) return;
+
+  // Pass 2: values.
+  float* T4 = nullptr;
+  if (use_hist) {
+    const size_t tn = size_t(vp.n_sub) * vp.n_centroids * 4;
+    T4 = scratch.hist.get(tn);
+    std::fill(T4, T4 + tn, 0.0f);
+  }
+  for (int64_t t = 0; t < n; t += kTokenBlock) {
+    const int64_t nb = std::min(kTokenBlock, n - t);
+    const CodeRows cr = code_rows(in.value_codes, vp, b, kh, a + t, nb, scratch.idx);
+    if (use_hist) {
+      if (cr.bytes) hist_add(cx.value_mb, cr.bytes, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
+      else hist_add(cx.value_mb, cr.wide, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
+    } else {
+      if (cr.bytes) dequant_values(cr.bytes, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
+      else dequant_values(cr.wide, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
+    }
+  }
+  if (use_hist) reduce_hist(cx.vcx.data(), vp.sub_dim, vp.n_sub, vp.n_centroids, T4, D, out.o);
+}
+
+}  // namespace
+}  // namespace detail
+
+void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView& q, const TensorView& out,
+                            const SdpaParams& params, ThreadPool* pool) {
+  using namespace detail;
+  check_vecinfer_attention(in, q, out, params);
+  const int64_t B = q.shape[0], H = q.shape[1], Lq = q.shape[2], D = q.shape[3];
+  const int64_t Hkv = in.key_codes.shape[1], Nc = in.key_codes.shape[2], N = Nc + in.n_window;
+  if (B == 0 || Lq == 0) return;
+  const int64_t G = H / Hkv, R = G * Lq, NRB = (R + 3) / 4;
+  const float scale = resolved_scale(params, D);
+  const ProductQuantizer& kp = *in.key_pq;
+  const ProductQuantizer& vp = *in.value_pq;
+
+  CodedContext cx;
+  cx.in = &in;
+  cx.D = D;
+  cx.key_table_ok = kp.codebook_bits <= kMaxTableBits;
+  cx.value_table_ok = vp.codebook_bits <= kMaxTableBits;
+  cx.key_mb = pick_mb(kp.n_sub, kp.n_centroids);
+  cx.value_mb = pick_mb(vp.n_sub, vp.n_centroids);
+  const bool long_enough = Nc * 2 >= std::min(kp.n_centroids, vp.n_centroids);
+  if (cx.key_table_ok && long_enough) cx.kcx = expand_codebook(kp);
+  if (cx.value_table_ok && long_enough) cx.vcx = expand_codebook(vp);
+  if (cx.kcx.empty()) cx.key_table_ok = false;
+  if (cx.vcx.empty()) cx.value_table_ok = false;
+
+  // Row blocks: q (scaled) for the window, q̃ (transformed, scaled) for the codes.
+  std::vector<float> qbuf(size_t(B * Hkv * NRB * 8 * D), 0.0f);
+  std::vector<RowBlock> rbs(size_t(B * Hkv * NRB));
+  const int qes = dtype_size(q.dtype);
+  run_tasks(pool, B * Hkv, [&](int64_t bk, int) {
+    const int64_t b = bk / Hkv, kh = bk % Hkv;
+    for (int64_t blk = 0; blk < NRB; ++blk) {
+      const int64_t id = bk * NRB + blk;
+      RowBlock& rb = rbs[size_t(id)];
+      float* qb = qbuf.data() + id * 8 * D;
+      rb.q = qb;
+      rb.qt = qb + 4 * D;
+      rb.row0 = blk * 4;
+      rb.n_rows = int(std::min<int64_t>(4, R - blk * 4));
+      rb.lo = std::numeric_limits<int64_t>::max();
+      rb.hi = -1;
+      for (int r = 0; r < 4; ++r) {
+        if (r >= rb.n_rows) {
+          rb.range[r] = rb.range[0];
+          continue;
+        }
+        const int64_t rr = rb.row0 + r, i = rr / G, h = kh * G + rr % G;
+        rb.range[r] = row_range(rr, G, Lq, N, params);
+        load_row_f32(static_cast<const char*>(q.data) + off4(q, b, h, i, 0) * qes, q.dtype, q.strides[3], D, qb + r * D);
+        if (!rb.range[r].empty()) {
+          rb.lo = std::min(rb.lo, rb.range[r].lo);
+          rb.hi = std::max(rb.hi, rb.range[r].hi);
+        }
+      }
+      if (rb.hi < 0) rb.lo = 0;
+      std::memcpy(qb + 4 * D, qb, sizeof(float) * size_t(4 * D));
+      in.transform->forward_queries(qb + 4 * D, 4, int(kh));
+      for (int64_t x = 0; x < 8 * D; ++x) qb[x] *= scale;
+    }
+  });
+
+  // Units: coded chunks (kind 0) then the window piece (kind 1) of every row block.
+  const int64_t n_rbs = int64_t(rbs.size());
+  int64_t chunk = std::max<int64_t>(kMinChunk, (Nc * n_rbs + kTargetUnits - 1) / kTargetUnits);
+  chunk = std::max<int64_t>(1, std::min(chunk, std::max<int64_t>(Nc, 1)));
+  chunk = (chunk + kTokenBlock - 1) / kTokenBlock * kTokenBlock;
+  std::vector<Unit> units;
+  std::vector<int64_t> first_unit(rbs.size() + 1, 0);
+  for (int64_t id = 0; id < n_rbs; ++id) {
+    first_unit[size_t(id)] = int64_t(units.size());
+    const RowBlock& rb = rbs[size_t(id)];
+    if (rb.hi < rb.lo) continue;
+    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv, blk = id % NRB;
+    const int64_t chi = std::min(rb.hi, Nc - 1);
+    if (rb.lo <= chi)
+      for (int64_t c = rb.lo / chunk; c <= chi / chunk; ++c)
+        units.push_back({b, kh, blk, std::max(rb.lo, c * chunk), std::min(chi + 1, (c + 1) * chunk), 0});
+    if (rb.hi >= Nc) units.push_back({b, kh, blk, std::max(rb.lo, Nc), rb.hi + 1, 1});
+  }
+  first_unit[rbs.size()] = int64_t(units.size());
+  std::vector<float> obuf(units.size() * size_t(4 * D));
+  std::vector<Partial> parts(units.size());
+  for (size_t u = 0; u < units.size(); ++u) parts[u].o = obuf.data() + u * size_t(4 * D);
+
+  // Longest units first (dynamic scheduling balances the rest).
+  std::vector<int64_t> order(units.size());
+  for (size_t u = 0; u < units.size(); ++u) order[u] = int64_t(u);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
+    return units[size_t(x)].t1 - units[size_t(x)].t0 > units[size_t(y)].t1 - units[size_t(y)].t0;
+  });
+
+  run_tasks(pool, int64_t(units.size()), [&](int64_t k, int) {
+    const int64_t u = order[size_t(k)];
+    const Unit& un = units[size_t(u)];
+    const RowBlock& rb = rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)];
+    UnitScratch& scratch = thread_scratch();
+    if (un.kind == 0) {
+      coded_partial(cx, un.b, un.kvh, un.t0, un.t1, rb, scratch, parts[size_t(u)]);
+    } else {
+      DenseSource src;
+      const TensorView& wk = in.window_keys;
+      const TensorView& wv = in.window_values;
+      src.k = static_cast<const char*>(wk.data) + off4(wk, un.b, un.kvh, 0, 0) * dtype_size(wk.dtype);
+      src.v = static_cast<const char*>(wv.data) + off4(wv, un.b, un.kvh, 0, 0) * dtype_size(wv.dtype);
+      src.kt = wk.dtype;
+      src.vt = wv.dtype;
+      src.k_ts = wk.strides[2];
+      src.k_ds = wk.strides[3];
+      src.v_ts = wv.strides[2];
+      src.v_ds = wv.strides[3];
+      src.pos0 = Nc;
+      src.n_slots = wk.shape[2];
+      src.first_slot = in.window_first_slot;
+      dense_partial(src, un.t0, un.t1, D, rb, scratch, parts[size_t(u)]);
+    }
+  });
+
+  run_tasks(pool, n_rbs, [&](int64_t id, int) {
+    const RowBlock& rb = rbs[size_t(id)];
+    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
+    void* rows[4];
+    for (int r = 0; r < rb.n_rows; ++r) {
+      const int64_t rr = rb.row0 + r, i = rr / G, h = kh * G + rr % G;
+      rows[r] = static_cast<char*>(out.data) + off4(out, b, h, i, 0) * dtype_size(out.dtype);
+    }
+    const int64_t u0 = first_unit[size_t(id)], u1 = first_unit[size_t(id) + 1];
+    merge_partials(parts.data() + u0, int(u1 - u0), rb.n_rows, D, thread_scratch().tmp.get(size_t(D)), rows,
+                   out.dtype, out.strides[3]);
+  });
+}
+
+}  // namespace veloxquant
