@@ -491,14 +491,16 @@ std::vector<int32_t> Tokenizer::Impl::encode(std::string_view input, bool add_sp
     std::string s(input.substr(range.first, range.second - range.first));
     if (normalizer) normalizer->apply(s);
     const bool at_start = range.first == 0;
+    // Empty pieces are dropped before pre-tokenization (so e.g. Metaspace never turns ""
+    // into "▁"), as the reference filters empty splits.
     if (normalized_matcher.empty()) {
-      pieces.push_back(Piece{std::move(s), at_start});
+      if (!s.empty()) pieces.push_back(Piece{std::move(s), at_start});
     } else {
       for (const auto& [ntok, nrange] : normalized_matcher.split(s)) {
         if (ntok) {
           run_pieces();
           ids.push_back(ntok->id);
-        } else {
+        } else if (nrange.second > nrange.first) {
           pieces.push_back(Piece{s.substr(nrange.first, nrange.second - nrange.first), at_start && nrange.first == 0});
         }
       }

