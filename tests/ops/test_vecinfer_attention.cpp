@@ -1,0 +1,199 @@
+// tests/ops/test_vecinfer_attention.cpp — vecinfer_attention_cpu (attention on codes) against
+// its scalar oracle vecinfer_attention_ref.
+//
+// Random codebooks, random λ (smooth) with the Hadamard rotation, random codes (every byte
+// pattern is a valid packed code row), a random ring window. Covers the LUT and dequant key
+// paths (codebook_bits <= 10 vs 12, short vs long chunks), the histogram and dequant value
+// paths, bits that are not a whole byte (4, 10, 12), GQA 1/3/4/8, causal prefill, sliding
+// windows, windows that wrap around the ring, and permuted query layouts.
+// Tolerance tier: bounded, as tests/ops/test_attention.cpp (vq_test::attention_tolerance).
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "ops/attention_test_util.h"
+#include "veloxquant/error.h"
+#include "veloxquant/vecinfer_cache.h"
+
+using namespace veloxquant;
+using namespace vq_test;
+
+namespace {
+
+struct VCase {
+  int64_t batch, n_kv_heads, group, q_len, n_coded, n_window, n_slots, first_slot, head_dim;
+  PQSpec kspec, vspec;
+  bool causal;
+  int64_t window;
+  DType qt, wt, ot;
+  bool permuted;
+  std::string str() const {
+    std::ostringstream o;
+    o << "batch=" << batch << " n_kv_heads=" << n_kv_heads << " group=" << group << " q_len=" << q_len
+      << " n_coded=" << n_coded << " n_window=" << n_window << " n_slots=" << n_slots << " first_slot=" << first_slot
+      << " head_dim=" << head_dim << " keys=" << kspec.str() << " values=" << vspec.str() << " causal=" << causal
+      << " sliding_window=" << window << " q=" << dt_name(qt) << " window=" << dt_name(wt) << " out=" << dt_name(ot)
+      << " permuted=" << permuted;
+    return o.str();
+  }
+};
+
+struct Built {
+  ProductQuantizer kp, vp;
+  KeyTransform tf;
+  Tensor kc, vc;
+  Tensor4 wk, wv;
+  VecInferAttentionInputs in;
+};
+
+void build(const VCase& c, std::mt19937_64& rng, Built& b) {
+  b.kp = ProductQuantizer(int(c.head_dim), c.kspec);
+  b.kp.set_random_codebook(rng(), 0.5f);
+  b.vp = ProductQuantizer(int(c.head_dim), c.vspec);
+  b.vp.set_random_codebook(rng());
+  std::uniform_real_distribution<float> ud(0.3f, 3.0f);
+  std::vector<float> lam(size_t(c.n_kv_heads * c.head_dim));
+  for (auto& x : lam) x = ud(rng);
+  b.tf = KeyTransform(int(c.n_kv_heads), int(c.head_dim), lam, true);
+  b.kc = Tensor::empty({c.batch, c.n_kv_heads, c.n_coded, b.kp.code_bytes}, DType::U8);
+  b.vc = Tensor::empty({c.batch, c.n_kv_heads, c.n_coded, b.vp.code_bytes}, DType::U8);
+  for (int64_t i = 0; i < b.kc.numel(); ++i) b.kc.ptr<uint8_t>()[i] = uint8_t(rng());
+  for (int64_t i = 0; i < b.vc.numel(); ++i) b.vc.ptr<uint8_t>()[i] = uint8_t(rng());
+  b.in.key_pq = &b.kp;
+  b.in.value_pq = &b.vp;
+  b.in.transform = &b.tf;
+  b.in.key_codes = b.kc.view();
+  b.in.value_codes = b.vc.view();
+  b.in.n_window = c.n_window;
+  if (c.n_slots > 0) {
+    b.wk = random_tensor4({c.batch, c.n_kv_heads, c.n_slots, c.head_dim}, c.wt, c.permuted, rng);
+    b.wv = random_tensor4({c.batch, c.n_kv_heads, c.n_slots, c.head_dim}, c.wt, c.permuted, rng);
+    b.in.window_keys = b.wk.view;
+    b.in.window_values = b.wv.view;
+    b.in.window_first_slot = c.first_slot;
+  }
+}
+
+void run_vcase(const VCase& c, uint64_t seed, ThreadPool* pool) {
+  SCOPED_TRACE("seed=" + std::to_string(seed) + " " + c.str());
+  std::mt19937_64 rng(seed);
+  Built b;
+  build(c, rng, b);
+  const int64_t H = c.n_kv_heads * c.group;
+  Tensor4 q = random_tensor4({c.batch, H, c.q_len, c.head_dim}, c.qt, c.permuted, rng);
+  Tensor4 o_ref = make_tensor4({c.batch, H, c.q_len, c.head_dim}, c.ot, false);
+  Tensor4 o_cpu = make_tensor4({c.batch, H, c.q_len, c.head_dim}, c.ot, c.permuted);
+  SdpaParams p;
+  p.causal = c.causal;
+  p.sliding_window = c.window;
+  vecinfer_attention_ref(b.in, q.view, o_ref.view, p);
+  vecinfer_attention_cpu(b.in, q.view, o_cpu.view, p, pool);
+  const double e = nmse(values_of(o_cpu.view), values_of(o_ref.view));
+  if (getenv("VQ_TEST_VERBOSE")) fprintf(stderr, "nmse %.3g %s\n", e, c.str().c_str());
+  EXPECT_LE(e, attention_tolerance(c.ot)) << "NMSE " << e;
+}
+
+}  // namespace
+
+TEST(VecInferAttentionCpu, DecodeShapesAndSpecs) {
+  ThreadPool pool(2);
+  const PQSpec specs[][2] = {{{4, 8}, {4, 8}}, {{4, 12}, {8, 8}}, {{8, 12}, {8, 12}}, {{4, 10}, {8, 4}},
+                             {{2, 4}, {2, 4}}, {{8, 8}, {4, 10}}};
+  uint64_t seed = 100;
+  for (const auto& s : specs)
+    for (int64_t n_coded : {0, 1, 54, 97, 137, 2600})
+      for (int64_t group : {1, 4, 8}) {
+        const int64_t nw = n_coded == 0 ? 5 : (n_coded % 3 == 0 ? 0 : 17);
+        VCase c{1, 2, group, 1, n_coded, nw, nw ? 24 : 0, nw ? 20 : 0, 128, s[0], s[1],
+                true, 0, DType::F16, DType::F16, DType::F32, false};
+        run_vcase(c, seed++, &pool);
+      }
+}
+
+TEST(VecInferAttentionCpu, RandomShapesPrefillWindows) {
+  ThreadPool pool(2);
+  std::mt19937_64 pick(2024);
+  const DType dts[] = {DType::F16, DType::BF16, DType::F32};
+  const PQSpec kspecs[] = {{4, 8}, {4, 12}, {8, 8}, {4, 10}, {2, 6}};
+  const PQSpec vspecs[] = {{8, 8}, {4, 8}, {8, 12}, {2, 5}};
+  for (int i = 0; i < 50; ++i) {
+    VCase c;
+    c.batch = 1 + int64_t(pick() % 2);
+    c.n_kv_heads = 1 + int64_t(pick() % 3);
+    const int64_t groups[] = {1, 3, 4, 5, 8};
+    c.group = groups[pick() % 5];
+    const int64_t hds[] = {64, 80, 96, 128};
+    c.head_dim = hds[pick() % 4];
+    c.kspec = kspecs[pick() % 5];
+    c.vspec = vspecs[pick() % 4];
+    if (c.head_dim % c.kspec.sub_dim) c.kspec.sub_dim = 4;
+    if (c.head_dim % c.vspec.sub_dim) c.vspec.sub_dim = 4;
+    const int64_t ncs[] = {0, 1, 54, 97, 137, 700};
+    c.n_coded = ncs[pick() % 6];
+    c.n_window = int64_t(pick() % 20);
+    if (c.n_coded + c.n_window == 0) c.n_window = 1;
+    c.n_slots = c.n_window ? c.n_window + int64_t(pick() % 8) : 0;
+    c.first_slot = c.n_slots ? int64_t(pick() % uint64_t(c.n_slots)) : 0;
+    const int64_t total = c.n_coded + c.n_window;
+    c.q_len = 1 + int64_t(pick() % uint64_t(std::min<int64_t>(total, 6)));
+    c.causal = pick() % 4 != 0;
+    const int64_t wins[] = {0, 0, 1, 9, 100};
+    c.window = wins[pick() % 5];
+    c.qt = dts[pick() % 3];
+    c.wt = pick() % 2 ? DType::F16 : DType::BF16;
+    c.ot = dts[pick() % 3];
+    c.permuted = pick() % 2 == 0;
+    run_vcase(c, 5000 + uint64_t(i), &pool);
+  }
+}
+
+TEST(VecInferAttentionCpu, LongContextLutAndHistogramPaths) {
+  ThreadPool pool(2);
+  // 9000 coded tokens: several chunks, LUT + histogram (b8) and dequant (b12) paths.
+  run_vcase({1, 2, 4, 1, 9000, 128, 128, 77, 128, {4, 8}, {4, 8}, true, 0, DType::F16, DType::F16, DType::F32, false},
+            1, &pool);
+  run_vcase({1, 1, 4, 3, 5000, 40, 128, 100, 128, {4, 12}, {8, 8}, true, 0, DType::F32, DType::F16, DType::F32, false},
+            2, &pool);
+  run_vcase({1, 1, 8, 2, 6000, 64, 64, 0, 64, {4, 10}, {8, 10}, true, 2500, DType::BF16, DType::BF16, DType::F32, true},
+            3, &pool);
+}
+
+TEST(VecInferAttentionCpu, ThreadCountDoesNotChangeResults) {
+  std::mt19937_64 rng(11);
+  VCase c{1, 2, 4, 1, 7000, 100, 128, 90, 128, {4, 8}, {4, 8}, true, 0, DType::F16, DType::F16, DType::F32, false};
+  Built b;
+  build(c, rng, b);
+  Tensor4 q = random_tensor4({1, 8, 1, 128}, DType::F16, false, rng);
+  Tensor4 o1 = make_tensor4({1, 8, 1, 128}, DType::F32, false), o2 = make_tensor4({1, 8, 1, 128}, DType::F32, false);
+  ThreadPool pool(2);
+  vecinfer_attention_cpu(b.in, q.view, o1.view, SdpaParams{}, nullptr);
+  vecinfer_attention_cpu(b.in, q.view, o2.view, SdpaParams{}, &pool);
+  EXPECT_TRUE(bit_equal(values_of(o1.view), values_of(o2.view)));
+}
+
+TEST(VecInferAttentionCpu, BadInputsThrowNamingShapes) {
+  std::mt19937_64 rng(12);
+  VCase c{1, 2, 4, 1, 50, 10, 16, 3, 64, {4, 8}, {8, 8}, true, 0, DType::F16, DType::F16, DType::F32, false};
+  Built b;
+  build(c, rng, b);
+  Tensor4 q = random_tensor4({1, 6, 1, 64}, DType::F16, false, rng);  // GQA 3 over 2 kv heads: fine
+  Tensor4 o = make_tensor4({1, 6, 1, 64}, DType::F32, false);
+  EXPECT_NO_THROW(vecinfer_attention_cpu(b.in, q.view, o.view, SdpaParams{}, nullptr));
+  Tensor4 q5 = random_tensor4({1, 5, 1, 64}, DType::F16, false, rng);
+  Tensor4 o5 = make_tensor4({1, 5, 1, 64}, DType::F32, false);
+  try {
+    vecinfer_attention_cpu(b.in, q5.view, o5.view, SdpaParams{}, nullptr);
+    FAIL() << "expected ShapeError";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("n_heads=5"), std::string::npos) << e.what();
+  }
+  VecInferAttentionInputs bad = b.in;
+  bad.window_first_slot = 16;
+  EXPECT_THROW(vecinfer_attention_ref(bad, q.view, o.view, SdpaParams{}), ValueError);
+  bad = b.in;
+  bad.n_window = 17;  // more than the 16 slots
+  EXPECT_THROW(vecinfer_attention_cpu(bad, q.view, o.view, SdpaParams{}, nullptr), ShapeError);
+  Tensor4 q96 = random_tensor4({1, 4, 1, 96}, DType::F16, false, rng);
+  Tensor4 o96 = make_tensor4({1, 4, 1, 96}, DType::F32, false);
+  EXPECT_THROW(vecinfer_attention_cpu(b.in, q96.view, o96.view, SdpaParams{}, nullptr), ShapeError);
+}
