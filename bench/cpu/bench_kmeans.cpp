@@ -6,6 +6,8 @@
 // sub-vectors look like. Both libraries run every iteration (veloxquant with tol = 0; faiss has
 // no early stop). Both final inertias are computed by us on the full data with kmeans_assign,
 // so they are comparable (faiss reports its own objective from inside its last iteration).
+// veloxquant runs twice: with its default k-means++ initialisation, and with random distinct
+// points (faiss's initialisation), which isolates the Lloyd engine in the comparison.
 // Counters: inertia (full data), seconds (median over repetitions). After the run the program
 // prints time and inertia ratios veloxquant / faiss per configuration.
 //
@@ -67,7 +69,7 @@ struct Outcome {
   std::vector<double> seconds;
   double inertia = 0;
 };
-std::map<std::string, Outcome> g_vq, g_faiss;
+std::map<std::string, Outcome> g_vq, g_vq_rand, g_faiss;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -80,15 +82,16 @@ double full_inertia(const Config& c, const std::vector<float>& centroids) {
   return veloxquant::kmeans_assign(x.data(), c.n, c.d, centroids.data(), c.k, a.data(), bench_threads());
 }
 
-void BM_veloxquant(benchmark::State& st, Config c) {
+void BM_veloxquant(benchmark::State& st, Config c, bool kmeanspp) {
   const std::vector<float>& x = data_for(c);
   veloxquant::KMeansParams p;
+  p.kmeanspp_init = kmeanspp;
   p.niter = c.niter;
   p.tol = 0.0;
   p.seed = kSeed;
   p.max_points_per_centroid = kMaxPointsPerCentroid;
   p.n_threads = bench_threads();
-  Outcome& out = g_vq[c.name];
+  Outcome& out = (kmeanspp ? g_vq : g_vq_rand)[c.name];
   std::vector<float> centroids;
   for (auto _ : st) {
     const auto t0 = std::chrono::steady_clock::now();
@@ -131,12 +134,15 @@ void BM_faiss(benchmark::State& st, Config c) {
 void register_all() {
   for (const Config& c : kConfigs) {
     const int reps = c.k >= 4096 ? 2 : 5;
-    benchmark::RegisterBenchmark((std::string("veloxquant_kmeans/") + c.name).c_str(), BM_veloxquant, c)
-        ->Unit(benchmark::kMillisecond)
-        ->Iterations(1)
-        ->Repetitions(reps)
-        ->ReportAggregatesOnly(true)
-        ->UseRealTime();
+    for (bool pp : {true, false})
+      benchmark::RegisterBenchmark(
+          (std::string(pp ? "veloxquant_kmeans/" : "veloxquant_kmeans_randinit/") + c.name).c_str(), BM_veloxquant,
+          c, pp)
+          ->Unit(benchmark::kMillisecond)
+          ->Iterations(1)
+          ->Repetitions(reps)
+          ->ReportAggregatesOnly(true)
+          ->UseRealTime();
 #if defined(VQ_HAVE_FAISS)
     benchmark::RegisterBenchmark((std::string("faiss_kmeans/") + c.name).c_str(), BM_faiss, c)
         ->Unit(benchmark::kMillisecond)
@@ -158,21 +164,25 @@ int main(int argc, char** argv) {
   benchmark::Shutdown();
   std::printf("\nk-means, %d threads, max_points_per_centroid %d, seed %llu (medians; inertia on the full data)\n",
               bench_threads(), kMaxPointsPerCentroid, (unsigned long long)kSeed);
-  std::printf("%-18s %6s %12s %12s %16s %16s %10s %10s\n", "config", "niter", "vq_s", "faiss_s", "vq_inertia",
-              "faiss_inertia", "time_x", "inertia_x");
+  std::printf("%-18s %-9s %6s %10s %10s %14s %14s %8s %9s\n", "config", "vq_init", "niter", "vq_s", "faiss_s",
+              "vq_inertia", "faiss_inertia", "time_x", "inertia_x");
   for (const Config& c : kConfigs) {
-    auto v = g_vq.find(c.name);
-    if (v == g_vq.end()) continue;
     auto f = g_faiss.find(c.name);
-    const double vs = median(v->second.seconds);
-    if (f == g_faiss.end()) {
-      std::printf("%-18s %6d %12.4f %12s %16.6g %16s %10s %10s\n", c.name, c.niter, vs, "-", v->second.inertia, "-",
-                  "-", "-");
-      continue;
+    for (int pp = 1; pp >= 0; --pp) {
+      const auto& table = pp ? g_vq : g_vq_rand;
+      auto v = table.find(c.name);
+      if (v == table.end()) continue;
+      const double vs = median(v->second.seconds);
+      if (f == g_faiss.end()) {
+        std::printf("%-18s %-9s %6d %10.4f %10s %14.6g %14s %8s %9s\n", c.name, pp ? "kmeans++" : "random",
+                    c.niter, vs, "-", v->second.inertia, "-", "-", "-");
+        continue;
+      }
+      const double fs = median(f->second.seconds);
+      std::printf("%-18s %-9s %6d %10.4f %10.4f %14.6g %14.6g %8.3f %9.4f\n", c.name, pp ? "kmeans++" : "random",
+                  c.niter, vs, fs, v->second.inertia, f->second.inertia, vs / fs,
+                  v->second.inertia / f->second.inertia);
     }
-    const double fs = median(f->second.seconds);
-    std::printf("%-18s %6d %12.4f %12.4f %16.6g %16.6g %10.3f %10.4f\n", c.name, c.niter, vs, fs, v->second.inertia,
-                f->second.inertia, vs / fs, v->second.inertia / f->second.inertia);
   }
   std::printf("time_x = veloxquant seconds / faiss seconds (< 1: faster); inertia_x = veloxquant / faiss (< 1: better)\n");
 #if !defined(VQ_HAVE_FAISS)

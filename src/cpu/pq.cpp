@@ -119,7 +119,7 @@ void ProductQuantizer::encode(const float* x, int64_t n, uint8_t* codes, int n_t
   if (n == 0) return;
   // x [n, head_dim] is x [n·n_sub, sub_dim]: one nearest-centroid search over all sub-vectors,
   // then pack each row. Done in slabs of rows to bound the index scratch.
-  const int64_t slab = std::max<int64_t>(1, 8192 / n_sub);
+  const int64_t slab = std::max<int64_t>(1, 65536 / n_sub);
   std::vector<int32_t> idx(size_t(std::min(n, slab) * n_sub));
   for (int64_t r0 = 0; r0 < n; r0 += slab) {
     const int64_t rows = std::min(slab, n - r0);
