@@ -139,7 +139,8 @@ CacheMetaState FP16KVCache::meta_state() const {
           {"n_kv_heads", std::to_string(n_kv_heads_)},
           {"batch", std::to_string(batch_)},
           {"storage_dtype", dtype_name(config_.storage_dtype)},
-          {"step", std::to_string(config_.step)}};
+          {"step", std::to_string(config_.step)},
+          {"capacity", std::to_string(capacity_)}};
 }
 
 void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
@@ -177,8 +178,15 @@ void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
   }
   VQ_CHECK_FORMAT(state.size() == (batch > 0 ? 2u : 0u), "state: unexpected tensors (" << state.size()
                                                                                       << " given, expected keys and values)");
+  int64_t cap = batch > 0 ? std::max<int64_t>(round_up(offset, c.step), c.step) : 0;
+  if (batch > 0 && meta.count("capacity")) {
+    const int64_t mc = meta_int(meta, "capacity");
+    VQ_CHECK_FORMAT(mc >= offset && mc >= 1 && mc % c.step == 0,
+                    "meta_state: capacity=" << mc << " must be a positive multiple of step=" << c.step
+                                            << " and >= offset=" << offset);
+    cap = mc;
+  }
   // Build the new storage, then swap in.
-  const int64_t cap = batch > 0 ? std::max<int64_t>(round_up(offset, c.step), c.step) : 0;
   Tensor nk, nv;
   if (batch > 0) {
     const int64_t D = c.head_dim, es = dtype_size(c.storage_dtype);
@@ -203,6 +211,7 @@ void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
 
 void FP16KVCache::set_state(const CacheState& state) {
   CacheMetaState m = meta_state();
+  m.erase("capacity");
   const Tensor* k = detail::state_find(state, "keys");
   if (k && k->ndim() == 4) {
     m["batch"] = std::to_string(k->dim(0));

@@ -1,0 +1,325 @@
+// tests/cache/test_vecinfer_cache.cpp — VecInferKVCache: the three modes, the residual window,
+// trim, byte accounting per token, state round trips, and errors that leave the cache as it was.
+//
+// Tolerance tiers: exact (dequantized views, fetched K̂/V̂, counters, Stash vs MemoryBound
+// fused_sdpa, restored caches: bit for bit); bounded (fused_sdpa against attention_ref over the
+// cache's own dequantized K̂/V̂: vq_test::attention_tolerance; Standard vs the code modes: NMSE
+// <= 1e-5, the held K̂/V̂ being fp16-rounded, relative error <= 2^-11 per element).
+#include <gtest/gtest.h>
+
+#include "cache/cache_test_util.h"
+#include "veloxquant/error.h"
+
+using namespace veloxquant;
+using namespace vq_test;
+
+namespace {
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// fused_sdpa of the cache against the oracle over its own dequantized K̂/V̂.
+double sdpa_vs_oracle(const VecInferKVCache& c, const TensorView& q, const SdpaParams& p) {
+  const Tensor out = c.fused_sdpa(q, p);
+  const Tensor k = c.dequantized_keys_f32(), v = c.dequantized_values_f32();
+  Tensor4 ref = make_tensor4(q.sizes(), DType::F32, false);
+  attention_ref(q, k.view(), v.view(), ref.view, p);
+  return nmse(values_of(out.view()), values_of(ref.view));
+}
+
+int64_t expected_nbytes(const VecInferKVCache& c) {
+  const KVCacheConfig& cf = c.config();
+  const int64_t B = c.batch(), H = c.n_kv_heads(), cap = c.capacity(), D = cf.head_dim, R = cf.residual_length;
+  const int64_t kcb = c.key_quantizer().code_bytes, vcb = c.value_quantizer().code_bytes;
+  int64_t n = c.codebook_bytes();
+  if (B == 0) return n;
+  switch (c.mode()) {
+    case CacheMode::Standard: return n + 2 * B * H * cap * D * 2 + B * H * R * (kcb + vcb);
+    case CacheMode::Stash: return n + 2 * B * H * cap * D * 2 + B * H * cap * (kcb + vcb);
+    case CacheMode::MemoryBound: return n + B * H * cap * (kcb + vcb) + 2 * B * H * R * D * 2;
+  }
+  return -1;
+}
+
+void check_accounting(const VecInferKVCache& c) {
+  const int64_t B = c.batch(), H = c.n_kv_heads(), D = c.config().head_dim;
+  const int64_t kcb = c.key_quantizer().code_bytes, vcb = c.value_quantizer().code_bytes;
+  const int64_t coded = c.mode() == CacheMode::Standard ? c.residual_count() : c.offset();
+  const int64_t fp = c.mode() == CacheMode::MemoryBound ? c.residual_count() : c.offset();
+  EXPECT_EQ(c.compressed_key_bytes(), B * H * coded * kcb);
+  EXPECT_EQ(c.compressed_value_bytes(), B * H * coded * vcb);
+  EXPECT_EQ(c.fp16_key_bytes(), B * H * fp * D * 2);
+  EXPECT_EQ(c.fp16_value_bytes(), B * H * fp * D * 2);
+  EXPECT_EQ(c.nbytes(), expected_nbytes(c));
+}
+
+}  // namespace
+
+TEST(VecInferCache, WindowHoldsRecentTokensExactlyAndOldOnesDequantized) {
+  for (CacheMode mode : {CacheMode::Standard, CacheMode::Stash, CacheMode::MemoryBound}) {
+    SCOPED_TRACE(cache_mode_name(mode));
+    std::mt19937_64 rng(10);
+    VecInferKVCache c(vq_config(mode, 64, 8));
+    CacheModel m;
+    m.residual_length = 8;
+    for (int64_t n : {5, 7, 1, 20, 3}) {
+      KV a = random_kv(1, 2, n, 64, DType::F32, n % 2 == 1, rng);
+      c.update(a.k.view, a.v.view);
+      m.append(a.k.view, a.v.view);
+      EXPECT_EQ(c.offset(), m.offset);
+      EXPECT_EQ(c.residual_count(), m.rc);
+      const bool rounded = mode == CacheMode::Standard;
+      EXPECT_TRUE(bit_equal(values_of(c.dequantized_keys_f32().view()), m.expected(true, c, rounded)));
+      EXPECT_TRUE(bit_equal(values_of(c.dequantized_values_f32().view()), m.expected(false, c, rounded)));
+      check_accounting(c);
+    }
+    // Trim shrinks the window; it refills only with new tokens.
+    EXPECT_EQ(c.trim(3), 3);
+    m.trim(3);
+    EXPECT_EQ(c.residual_count(), 5);
+    KV a = random_kv(1, 2, 1, 64, DType::F16, false, rng);
+    c.update(a.k.view, a.v.view);
+    m.append(a.k.view, a.v.view);
+    EXPECT_EQ(c.residual_count(), 6);
+    const bool rounded = mode == CacheMode::Standard;
+    EXPECT_TRUE(bit_equal(values_of(c.dequantized_keys_f32().view()), m.expected(true, c, rounded)));
+    EXPECT_TRUE(bit_equal(values_of(c.dequantized_values_f32().view()), m.expected(false, c, rounded)));
+    check_accounting(c);
+    EXPECT_EQ(c.trim(1000), m.offset);
+    m.trim(1000);
+    EXPECT_EQ(c.residual_count(), 0);
+    EXPECT_TRUE(c.empty());
+    check_accounting(c);
+  }
+}
+
+TEST(VecInferCache, ModesAgreeAndMatchTheOracle) {
+  std::mt19937_64 rng(11);
+  VecInferKVCache st(vq_config(CacheMode::Standard, 128, 16, 8, 4, 8, 8));
+  VecInferKVCache sh(vq_config(CacheMode::Stash, 128, 16, 8, 4, 8, 8));
+  VecInferKVCache mb(vq_config(CacheMode::MemoryBound, 128, 16, 8, 4, 8, 8));
+  for (int64_t n : {300, 1, 9, 40}) {
+    KV a = random_kv(2, 2, n, 128, DType::F16, true, rng);
+    auto f1 = st.update_and_fetch(a.k.view, a.v.view);
+    auto f2 = sh.update_and_fetch(a.k.view, a.v.view);
+    mb.update(a.k.view, a.v.view);
+    // Standard and Stash fetch identical K̂/V̂.
+    EXPECT_TRUE(bit_equal(values_of(f1.first.view()), values_of(f2.first.view())));
+    EXPECT_TRUE(bit_equal(values_of(f1.second.view()), values_of(f2.second.view())));
+    if (n == 9) {
+      st.trim(12);
+      sh.trim(12);
+      mb.trim(12);
+    }
+    for (int64_t q_len : {int64_t(1), int64_t(5)}) {
+      Tensor4 q = random_tensor4({2, 8, q_len, 128}, DType::F16, false, rng);
+      for (int64_t win : {int64_t(0), int64_t(50)}) {
+        SdpaParams p;
+        p.sliding_window = win;
+        const auto o_sh = sdpa_values(sh, q.view, p), o_mb = sdpa_values(mb, q.view, p);
+        EXPECT_TRUE(bit_equal(o_sh, o_mb));  // same codes, same window values, same kernel
+        EXPECT_LE(nmse(sdpa_values(st, q.view, p), o_sh), 1e-5);
+        for (const VecInferKVCache* c : {&st, &sh, &mb})
+          EXPECT_LE(sdpa_vs_oracle(*c, q.view, p), attention_tolerance(DType::F16)) << cache_mode_name(c->mode());
+      }
+    }
+  }
+  // Stash/MemoryBound attention also equals the attention-on-codes oracle on the raw codes.
+  Tensor4 q = random_tensor4({2, 4, 1, 128}, DType::F32, false, rng);
+  Tensor4 ref = make_tensor4({2, 4, 1, 128}, DType::F32, false);
+  vecinfer_attention_ref(mb.attention_inputs(), q.view, ref.view, SdpaParams{});
+  EXPECT_LE(nmse(sdpa_values(mb, q.view, SdpaParams{}), values_of(ref.view)), attention_tolerance(DType::F32));
+  EXPECT_THROW(st.attention_inputs(), UnsupportedError);
+}
+
+TEST(VecInferCache, SmoothFactorsBf16StorageNoHadamardAndOddHeadDims) {
+  std::mt19937_64 rng(12);
+  for (int hd : {80, 96}) {
+    for (bool hadamard : {true, false}) {
+      KVCacheConfig cf = vq_config(CacheMode::Stash, hd, 6, 6, 4, 5, 8);
+      std::vector<float> lam(size_t(3 * hd));
+      std::uniform_real_distribution<float> ud(0.2f, 4.0f);
+      for (auto& x : lam) x = ud(rng);
+      cf.smooth_factors = lam;
+      cf.use_hadamard = hadamard;
+      cf.storage_dtype = DType::BF16;
+      VecInferKVCache c(cf);
+      EXPECT_EQ(c.n_kv_heads(), 3);  // from the smooth factors
+      EXPECT_EQ(c.key_transform().lambda, lam);
+      KV a = random_kv(1, 3, 50, hd, DType::F32, false, rng);
+      auto [k, v] = c.update_and_fetch(a.k.view, a.v.view);
+      EXPECT_EQ(k.dtype(), DType::BF16);
+      Tensor4 q = random_tensor4({1, 6, 2, hd}, DType::F32, true, rng);
+      EXPECT_LE(sdpa_vs_oracle(c, q.view, SdpaParams{}), attention_tolerance(DType::F32));
+      EXPECT_EQ(c.codebook_bytes(), 4 * (64 * 4 + 64 + 32 * 8 + 32 + 2 * 3 * hd));
+      EXPECT_DOUBLE_EQ(c.assigned_avg_bits(), (6.0 / 4 + 5.0 / 8) / 2);
+      KV b = random_kv(1, 2, 5, hd, DType::F32, false, rng);
+      EXPECT_THROW(c.update(b.k.view, b.v.view), ShapeError);  // n_kv_heads 2 vs λ's 3
+    }
+  }
+}
+
+TEST(VecInferCache, StateRoundTripIsBitForBit) {
+  for (CacheMode mode : {CacheMode::Standard, CacheMode::Stash, CacheMode::MemoryBound}) {
+    SCOPED_TRACE(cache_mode_name(mode));
+    std::mt19937_64 rng(13);
+    VecInferKVCache c(vq_config(mode, 64, 8));
+    KV a = random_kv(2, 2, 29, 64, DType::F16, false, rng);
+    c.update(a.k.view, a.v.view);
+    c.trim(3);
+    KV b = random_kv(2, 2, 1, 64, DType::F16, false, rng);
+    c.update(b.k.view, b.v.view);
+    // restore into a fresh cache made with other codebooks and another mode: everything is replaced
+    VecInferKVCache d(vq_config(mode == CacheMode::Stash ? CacheMode::Standard : CacheMode::Stash, 64, 4));
+    d.restore(c.state(), c.meta_state());
+    EXPECT_EQ(d.mode(), mode);
+    EXPECT_EQ(snapshot(d), snapshot(c));
+    auto e = VecInferKVCache::from_state(c.state(), c.meta_state());
+    EXPECT_EQ(snapshot(*e), snapshot(c));
+    VecInferKVCache f(vq_config(CacheMode::Standard, 128, 2));
+    f.set_state(c.state());  // staged: does not fit f's meta
+    f.set_meta_state(c.meta_state());
+    EXPECT_EQ(snapshot(f), snapshot(c));
+    for (int step = 0; step < 3; ++step) {
+      KV x = random_kv(2, 2, 3 + step * 5, 64, DType::F32, false, rng);
+      for (VecInferKVCache* y : {&c, &d, e.get(), &f}) y->update(x.k.view, x.v.view);
+      Tensor4 q = random_tensor4({2, 4, 2, 64}, DType::F16, false, rng);
+      const auto ref = sdpa_values(c, q.view, SdpaParams{});
+      for (VecInferKVCache* y : {&d, e.get(), &f}) {
+        EXPECT_TRUE(bit_equal(sdpa_values(*y, q.view, SdpaParams{}), ref));
+        EXPECT_EQ(snapshot(*y), snapshot(c));
+      }
+      c.trim(2);
+      d.trim(2);
+      e->trim(2);
+      f.trim(2);
+    }
+  }
+}
+
+TEST(VecInferCache, BadRestoreLeavesTheCacheUnchanged) {
+  std::mt19937_64 rng(14);
+  VecInferKVCache c(vq_config(CacheMode::MemoryBound, 64, 8));
+  KV a = random_kv(1, 2, 20, 64, DType::F16, false, rng);
+  c.update(a.k.view, a.v.view);
+  const CacheState s = c.state();
+  const CacheMetaState m = c.meta_state();
+  VecInferKVCache d(vq_config(CacheMode::MemoryBound, 64, 8));
+  KV b = random_kv(1, 2, 3, 64, DType::F16, false, rng);
+  d.update(b.k.view, b.v.view);
+  const Snapshot before = snapshot(d);
+  auto m2 = m;
+  m2["residual_count"] = "9";  // > residual_length
+  EXPECT_THROW(d.restore(s, m2), FormatError);
+  m2 = m;
+  m2["offset"] = "21";
+  EXPECT_THROW(d.restore(s, m2), FormatError);
+  m2 = m;
+  m2["mode"] = "turbo";
+  EXPECT_THROW(d.restore(s, m2), FormatError);
+  m2 = m;
+  m2.erase("key_codebook_bits");
+  EXPECT_THROW(d.restore(s, m2), FormatError);
+  CacheState s2 = s;
+  s2.pop_back();  // no value codebook
+  EXPECT_THROW(d.restore(s2, m), FormatError);
+  s2 = s;
+  s2.emplace_back("extra", Tensor::zeros({1}, DType::F32));
+  EXPECT_THROW(d.restore(s2, m), FormatError);
+  s2 = s;
+  for (auto& [n, t] : s2)
+    if (n == "window_keys") {
+      t = Tensor::copy_of(t.view());
+      t.ptr<uint16_t>()[3] = 0x7C00;  // +inf
+    }
+  EXPECT_THROW(d.restore(s2, m), FormatError);
+  EXPECT_EQ(snapshot(d), before);
+}
+
+TEST(VecInferCache, BadInputsThrowNamingThemAndLeaveTheCacheUnchanged) {
+  std::mt19937_64 rng(15);
+  KVCacheConfig cf = vq_config(CacheMode::Stash, 64, 8);
+  cf.fused_sdpa_max_ctx = 30;
+  VecInferKVCache c(cf);
+  KV a = random_kv(1, 2, 25, 64, DType::F16, false, rng);
+  c.update(a.k.view, a.v.view);
+  const Snapshot before = snapshot(c);
+  std::string e;
+  KV hd = random_kv(1, 2, 3, 32, DType::F16, false, rng);
+  e = error_of([&] { c.update(hd.k.view, hd.v.view); });
+  EXPECT_NE(e.find("head_dim=64"), std::string::npos) << e;
+  KV heads = random_kv(1, 4, 3, 64, DType::F16, false, rng);
+  e = error_of([&] { c.update_and_fetch(heads.k.view, heads.v.view); });
+  EXPECT_NE(e.find("n_kv_heads=2"), std::string::npos) << e;
+  EXPECT_NE(e.find("[1, 4, 3, 64]"), std::string::npos) << e;
+  KV batch = random_kv(3, 2, 3, 64, DType::F16, false, rng);
+  EXPECT_THROW(c.update(batch.k.view, batch.v.view), ShapeError);
+  KV inf = random_kv(1, 2, 3, 64, DType::F32, true, rng);
+  set_elem(inf.k.view, off(inf.k.view, 0, 1, 2, 7), INFINITY);
+  e = error_of([&] { c.update(inf.k.view, inf.v.view); });
+  EXPECT_NE(e.find("keys[0][1][2][7] is inf"), std::string::npos) << e;
+  KV big = random_kv(1, 2, 3, 64, DType::F32, false, rng);
+  set_elem(big.v.view, off(big.v.view, 0, 0, 1, 0), 70000.0f);
+  e = error_of([&] { c.update(big.k.view, big.v.view); });
+  EXPECT_NE(e.find("overflows f16"), std::string::npos) << e;
+  Tensor ints = Tensor::zeros({1, 2, 3, 64}, DType::U8);
+  e = error_of([&] { c.update(ints.view(), ints.view()); });
+  EXPECT_NE(e.find("u8"), std::string::npos) << e;
+  KV mism = random_kv(1, 2, 3, 64, DType::F16, false, rng);
+  Tensor4 v4 = random_tensor4({1, 2, 4, 64}, DType::F16, false, rng);
+  EXPECT_THROW(c.update(mism.k.view, v4.view), ShapeError);
+  // fused_sdpa: query heads not a multiple of n_kv_heads; head_dim; context past max_ctx.
+  Tensor4 q3 = random_tensor4({1, 3, 1, 64}, DType::F16, false, rng);
+  e = error_of([&] { c.fused_sdpa(q3.view, SdpaParams{}); });
+  EXPECT_NE(e.find("n_kv_heads=2"), std::string::npos) << e;
+  Tensor4 qd = random_tensor4({1, 4, 1, 32}, DType::F16, false, rng);
+  EXPECT_THROW(c.fused_sdpa(qd.view, SdpaParams{}), ShapeError);
+  EXPECT_EQ(snapshot(c), before);
+  KV more = random_kv(1, 2, 6, 64, DType::F16, false, rng);
+  c.update(more.k.view, more.v.view);  // 31 > 30 tokens
+  Tensor4 q = random_tensor4({1, 4, 1, 64}, DType::F16, false, rng);
+  e = error_of([&] { c.fused_sdpa(q.view, SdpaParams{}); });
+  EXPECT_NE(e.find("fused_sdpa_max_ctx=30"), std::string::npos) << e;
+  EXPECT_THROW(c.merge({&c}), UnsupportedError);
+  EXPECT_THROW(c.trim(-2), ValueError);
+}
+
+TEST(VecInferCache, MemoryBoundRefusesToFetch) {
+  std::mt19937_64 rng(16);
+  VecInferKVCache c(vq_config(CacheMode::MemoryBound, 64, 8));
+  KV a = random_kv(1, 2, 10, 64, DType::F16, false, rng);
+  c.update(a.k.view, a.v.view);
+  const Snapshot before = snapshot(c);
+  const std::string e = error_of([&] { c.update_and_fetch(a.k.view, a.v.view); });
+  EXPECT_NE(e.find("use update() and fused_sdpa()"), std::string::npos) << e;
+  EXPECT_EQ(snapshot(c), before);
+  // nothing in the state is a placeholder: no full-length fp16 tensors at all
+  for (const auto& [n, t] : c.state()) EXPECT_TRUE(n != "keys" && n != "values") << n;
+  EXPECT_EQ(c.fp16_key_bytes(), 1 * 2 * 8 * 64 * 2);
+}
+
+TEST(VecInferCache, EmptyCacheBehaviour) {
+  VecInferKVCache c(vq_config(CacheMode::Stash, 64, 8));
+  EXPECT_TRUE(c.empty());
+  EXPECT_EQ(c.n_kv_heads(), 0);
+  EXPECT_EQ(c.trim(5), 0);
+  std::mt19937_64 rng(17);
+  Tensor4 q = random_tensor4({1, 2, 1, 64}, DType::F16, false, rng);
+  EXPECT_THROW(c.fused_sdpa(q.view, SdpaParams{}), ValueError);  // never updated
+  auto d = VecInferKVCache::from_state(c.state(), c.meta_state());
+  EXPECT_EQ(snapshot(*d), snapshot(c));
+  KV a = random_kv(1, 1, 4, 64, DType::F16, false, rng);
+  c.update(a.k.view, a.v.view);
+  c.trim(4);
+  SdpaParams p;
+  p.causal = false;
+  for (float x : sdpa_values(c, q.view, p)) EXPECT_EQ(x, 0.0f);  // nothing to attend to
+  check_accounting(c);
+}
