@@ -304,6 +304,75 @@ std::optional<std::string> config_token(const json& cfg, const char* key) {
   VQ_THROW(FormatError, "tokenizer_config.json: '" << key << "' must be a string or an object with 'content'");
 }
 
+// Registers the file's added tokens as the reference does when it loads a tokenizer.json:
+// the ids written in the file are not used; a token whose content is in the model vocabulary
+// takes that id, any other the next id past the model vocabulary (its entry count) and the
+// added ids so far. Tokens equal in every field to an earlier one are ignored. Matching uses
+// the special tokens first, then the others (leftmost-longest; the first of equal patterns
+// wins), and a normalized token is matched by its content passed through the normalizer.
+void register_added_tokens(Tokenizer::Impl& impl, std::vector<AddedToken> file_added) {
+  const auto model_id = [&](const std::string& c) -> std::optional<int32_t> {
+    auto it = impl.model.vocab.find(c);
+    return it == impl.model.vocab.end() ? std::nullopt : std::optional<int32_t>(it->second);
+  };
+  const int32_t model_size = static_cast<int32_t>(impl.model.vocab.size());
+  std::vector<AddedToken> specials, others;
+  const auto same = [](const AddedToken& a, const AddedToken& b) {
+    return a.content == b.content && a.special == b.special && a.lstrip == b.lstrip && a.rstrip == b.rstrip &&
+           a.single_word == b.single_word && a.normalized == b.normalized;
+  };
+  std::unordered_map<int32_t, AddedToken> by_id;
+  for (AddedToken& t : file_added)
+    if (t.special && !t.content.empty() && !impl.special_contents.count(t.content)) {
+      impl.special_contents.insert(t.content);
+      specials.push_back(t);
+    }
+  for (AddedToken& t : file_added) {
+    if (t.content.empty()) continue;
+    bool dup = false;
+    for (const auto& [id, e] : by_id) dup |= same(e, t);
+    if (dup) continue;
+    int32_t id;
+    if (auto a = impl.added_content_to_id.find(t.content); a != impl.added_content_to_id.end()) {
+      id = a->second;
+    } else if (auto m = model_id(t.content)) {
+      id = *m;
+    } else {
+      id = model_size;
+      bool any = false;
+      int32_t max_id = 0;
+      for (const auto& [c, i] : impl.added_content_to_id) {
+        max_id = any ? std::max(max_id, i) : i;
+        any = true;
+      }
+      if (any && max_id >= model_size) id = max_id + 1;
+    }
+    impl.added_content_to_id[t.content] = id;
+    t.id = id;
+    by_id[id] = t;
+    if (!impl.special_contents.count(t.content)) others.push_back(t);
+  }
+  for (const auto& [id, t] : by_id) impl.added_id_to_content[id] = t.content;
+  impl.added.clear();
+  for (auto* list : {&specials, &others})
+    for (AddedToken& t : *list) {
+      t.id = impl.added_content_to_id.at(t.content);
+      impl.added.push_back(t);
+    }
+  std::vector<std::pair<std::string, const AddedToken*>> raw, norm;
+  for (const AddedToken& t : impl.added) {
+    if (t.normalized) {
+      std::string pattern = t.content;
+      if (impl.normalizer) impl.normalizer->apply(pattern);
+      norm.emplace_back(std::move(pattern), &t);
+    } else {
+      raw.emplace_back(t.content, &t);
+    }
+  }
+  impl.raw_matcher.build(raw);
+  impl.normalized_matcher.build(norm);
+}
+
 }  // namespace
 
 // ---- loading -------------------------------------------------------------------------------------
@@ -335,7 +404,8 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     VQ_CHECK_FORMAT(mtype == "BPE", "tokenizer.json: model.type '" << mtype << "' is not supported");
     parse_bpe(m, impl->model);
 
-    // Added tokens.
+    // Added tokens: parsed here, registered after the normalizer is known (below).
+    std::vector<AddedToken> file_added;
     if (auto at = j.find("added_tokens"); at != j.end() && !at->is_null()) {
       VQ_CHECK_FORMAT(at->is_array(), "tokenizer.json: added_tokens must be an array");
       for (const json& a : *at) {
@@ -348,17 +418,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
         t.rstrip = get_bool(a, "rstrip", false);
         t.single_word = get_bool(a, "single_word", false);
         t.normalized = get_bool(a, "normalized", !t.special);
-        impl->added.push_back(std::move(t));
+        file_added.push_back(std::move(t));
       }
     }
-    std::vector<const AddedToken*> raw, norm;
-    for (size_t i = 0; i < impl->added.size(); ++i) {
-      const AddedToken& t = impl->added[i];
-      impl->added_by_id[t.id] = i;
-      (t.normalized ? norm : raw).push_back(&t);
-    }
-    impl->raw_matcher.build(raw);
-    impl->normalized_matcher.build(norm);
 
     // Pipeline.
     if (auto n = j.find("normalizer"); n != j.end() && !n->is_null())
@@ -371,6 +433,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       parse_post_processor(*p, "post_processor", *impl, pp);
       impl->post_processor = std::move(pp);
     }
+    register_added_tokens(*impl, std::move(file_added));
     if (auto t = j.find("truncation"); t != j.end() && !t->is_null())
       VQ_THROW(FormatError, "tokenizer.json: truncation is not supported (set it to null)");
     if (auto p = j.find("padding"); p != j.end() && !p->is_null())
@@ -391,10 +454,10 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
     impl->id_to_token[id] = tokstr;
     impl->has_token[id] = true;
   }
-  for (const auto& a : impl->added) {  // added tokens win over the model's entry
-    impl->id_to_token[a.id] = a.content;
-    impl->has_token[a.id] = true;
-    impl->special[a.id] = a.special;
+  for (const auto& [id, content] : impl->added_id_to_content) {  // added tokens win over the model's entry
+    impl->id_to_token[id] = content;
+    impl->has_token[id] = true;
+    impl->special[id] = impl->special_contents.count(content) > 0;
   }
 
   // Kind name (for describe()).
@@ -412,13 +475,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   impl->kind_name = has_byte_level() ? "byte-level BPE" : impl->model.byte_fallback ? "sentencepiece BPE" : "BPE";
 
   // Special ids.
-  const auto lookup = [&](const std::string& s) -> std::optional<int32_t> {
-    for (const auto& a : impl->added)
-      if (a.content == s) return a.id;
-    auto it = impl->model.vocab.find(s);
-    if (it != impl->model.vocab.end()) return it->second;
-    return std::nullopt;
-  };
+  const auto lookup = [&](const std::string& s) { return impl->token_to_id(s); };
   const auto resolve = [&](const char* key) -> std::optional<int32_t> {
     if (auto name = config_token(cfg, key)) {
       auto id = lookup(*name);
@@ -544,13 +601,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special_to
 
 int Tokenizer::vocab_size() const { return impl_->vocab_size; }
 
-std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
-  const std::string key(token);
-  for (const auto& a : impl_->added)
-    if (a.content == key) return a.id;
-  auto it = impl_->model.vocab.find(key);
-  if (it != impl_->model.vocab.end()) return it->second;
+std::optional<int32_t> Tokenizer::Impl::token_to_id(const std::string& token) const {
+  if (auto it = added_content_to_id.find(token); it != added_content_to_id.end()) return it->second;
+  if (auto it = model.vocab.find(token); it != model.vocab.end()) return it->second;
   return std::nullopt;
+}
+
+std::optional<int32_t> Tokenizer::token_to_id(std::string_view token) const {
+  return impl_->token_to_id(std::string(token));
 }
 
 std::string Tokenizer::id_to_token(int32_t id) const {

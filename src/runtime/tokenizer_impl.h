@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "veloxquant/runtime/tokenizer.h"
@@ -157,8 +158,9 @@ struct AddedToken {
 /// tokens, matched at most max_len bytes ahead of each position).
 class AddedMatcher {
  public:
-  void build(const std::vector<const AddedToken*>& tokens);
-  bool empty() const { return tokens_.empty(); }
+  /// (pattern, token) pairs; the first of equal patterns wins.
+  void build(const std::vector<std::pair<std::string, const AddedToken*>>& patterns);
+  bool empty() const { return n_patterns_ == 0; }
   /// Splits `text` into (token or nullptr, byte range) as Rust's AddedVocabulary::find_matches.
   std::vector<std::pair<const AddedToken*, std::pair<size_t, size_t>>> split(std::string_view text) const;
 
@@ -168,7 +170,7 @@ class AddedMatcher {
     const AddedToken* token = nullptr;
   };
   std::vector<Node> nodes_;
-  std::vector<const AddedToken*> tokens_;
+  size_t n_patterns_ = 0;
   bool first_byte_[256] = {};
 };
 
@@ -183,8 +185,10 @@ struct Tokenizer::Impl {
   tok::Bpe model;
   std::optional<tok::PostProcessor> post_processor;
   std::optional<tok::Decoder> decoder;
-  std::vector<tok::AddedToken> added;               ///< in file order
-  std::unordered_map<int32_t, size_t> added_by_id;  ///< id → index in `added`
+  std::vector<tok::AddedToken> added;  ///< matching order: special ones first, ids assigned
+  std::unordered_map<std::string, int32_t> added_content_to_id;
+  std::unordered_map<int32_t, std::string> added_id_to_content;
+  std::unordered_set<std::string> special_contents;  ///< contents of special added tokens
   tok::AddedMatcher raw_matcher;                    ///< added tokens with normalized=false
   tok::AddedMatcher normalized_matcher;             ///< added tokens with normalized=true
   std::vector<std::string> id_to_token;             ///< "" where an id has no token
@@ -193,6 +197,7 @@ struct Tokenizer::Impl {
   int vocab_size = 0;
   std::optional<int32_t> bos, eos, pad;
 
+  std::optional<int32_t> token_to_id(const std::string& token) const;
   std::vector<int32_t> encode(std::string_view text, bool add_special_tokens) const;
   std::string decode(const int32_t* ids, size_t n, bool skip_special_tokens) const;
 };

@@ -227,10 +227,48 @@ static void regex_replace_all(std::string& s, const Regex& re, std::string_view 
   s.swap(out);
 }
 
+// The reference normalizes with Unicode 9.0 tables (the unicode-normalization-alignments
+// crate): characters assigned later have no decomposition and combining class 0 there. ICU
+// knows them, so they are cut out and passed through unchanged; as starters that compose with
+// nothing, they block reordering and composition exactly as the reference sees them.
+static bool newer_than_unicode9(char32_t c) {
+  UVersionInfo v;
+  u_charAge(static_cast<UChar32>(c), v);
+  return v[0] > 9;
+}
+
+static void icu_normalize(std::string& s, Normalizer::Kind kind);
+
 static void unicode_normalize(std::string& s, Normalizer::Kind kind) {
   bool ascii = true;
   for (char c : s) ascii &= static_cast<unsigned char>(c) < 0x80;
   if (ascii) return;  // every normal form leaves ASCII unchanged
+  std::string out, seg;
+  bool split = false;
+  for (size_t i = 0; i < s.size();) {
+    const size_t b = i;
+    const char32_t c = utf8_next(s, i);
+    if (c >= 0x80 && newer_than_unicode9(c)) {
+      icu_normalize(seg, kind);
+      out += seg;
+      seg.clear();
+      out.append(s, b, i - b);
+      split = true;
+    } else {
+      seg.append(s, b, i - b);
+    }
+  }
+  if (!split) {
+    icu_normalize(s, kind);
+    return;
+  }
+  icu_normalize(seg, kind);
+  out += seg;
+  s.swap(out);
+}
+
+static void icu_normalize(std::string& s, Normalizer::Kind kind) {
+  if (s.empty()) return;
   UErrorCode st = U_ZERO_ERROR;
   const icu::Normalizer2* n = nullptr;
   switch (kind) {
@@ -618,14 +656,15 @@ void Decoder::decode_chain(std::vector<std::string>& tokens) const {
 }
 
 // ---- added tokens -----------------------------------------------------------------------------
-void AddedMatcher::build(const std::vector<const AddedToken*>& tokens) {
-  tokens_ = tokens;
+void AddedMatcher::build(const std::vector<std::pair<std::string, const AddedToken*>>& patterns) {
+  n_patterns_ = 0;
   nodes_.assign(1, Node{});
   std::fill(std::begin(first_byte_), std::end(first_byte_), false);
-  for (const AddedToken* t : tokens) {
-    if (t->content.empty()) continue;
+  for (const auto& [pattern, t] : patterns) {
+    if (pattern.empty()) continue;
+    ++n_patterns_;
     int node = 0;
-    for (unsigned char c : t->content) {
+    for (unsigned char c : pattern) {
       auto it = nodes_[node].next.find(c);
       if (it == nodes_[node].next.end()) {
         nodes_.push_back(Node{});
@@ -636,23 +675,30 @@ void AddedMatcher::build(const std::vector<const AddedToken*>& tokens) {
         node = it->second;
       }
     }
-    if (!nodes_[node].token) nodes_[node].token = t;  // first of duplicate contents wins
-    first_byte_[static_cast<unsigned char>(t->content[0])] = true;
+    if (!nodes_[node].token) nodes_[node].token = t;
+    first_byte_[static_cast<unsigned char>(pattern[0])] = true;
   }
 }
 
+// A Unicode "word" character, as the reference's regex \w: Alphabetic, a mark, a decimal
+// digit, connector punctuation or a join control.
+static bool is_word_char(char32_t c) {
+  const auto cp = static_cast<UChar32>(c);
+  if (u_hasBinaryProperty(cp, UCHAR_ALPHABETIC) || u_hasBinaryProperty(cp, UCHAR_JOIN_CONTROL)) return true;
+  const int8_t t = u_charType(cp);
+  return t == U_NON_SPACING_MARK || t == U_ENCLOSING_MARK || t == U_COMBINING_SPACING_MARK ||
+         t == U_DECIMAL_DIGIT_NUMBER || t == U_CONNECTOR_PUNCTUATION;
+}
 static bool ends_with_word(std::string_view s) {
   if (s.empty()) return false;
   size_t k = s.size() - 1;
   while (k > 0 && (static_cast<unsigned char>(s[k]) & 0xC0) == 0x80) --k;
-  const char32_t c = utf8_next(s, k);
-  return is_alphanumeric(c) || c == U'_';
+  return is_word_char(utf8_next(s, k));
 }
 static bool starts_with_word(std::string_view s) {
   if (s.empty()) return false;
   size_t k = 0;
-  const char32_t c = utf8_next(s, k);
-  return is_alphanumeric(c) || c == U'_';
+  return is_word_char(utf8_next(s, k));
 }
 
 std::vector<std::pair<const AddedToken*, std::pair<size_t, size_t>>> AddedMatcher::split(std::string_view text) const {

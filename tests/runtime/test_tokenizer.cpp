@@ -122,7 +122,7 @@ std::optional<Reference> load_reference(const std::string& name, std::string& sk
 void check_encode(const std::string& name) {
   LOAD_OR_RETURN(r, name);
   const json& cases = r->ref["encode"];
-  ASSERT_GT(cases.size(), 2000u);
+  ASSERT_GT(cases.size(), 1000u);
   size_t match = 0, match_special = 0, n_special = 0, reported = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const json& c = cases[i];
@@ -164,7 +164,7 @@ void check_decode(const std::string& name) {
   LOAD_OR_RETURN(r, name);
   const json& enc = r->ref["encode"];
   const json& cases = r->ref["decode"];
-  ASSERT_GT(cases.size(), 1000u);
+  ASSERT_GT(cases.size(), 500u);
   size_t match = 0, reported = 0;
   for (size_t i = 0; i < cases.size(); ++i) {
     const json& c = cases[i];
@@ -236,6 +236,10 @@ TEST(TokenizerReference, Llama2Encode) { check_encode("llama2"); }
 TEST(TokenizerReference, Llama2Decode) { check_decode("llama2"); }
 TEST(TokenizerReference, Llama2MetaspaceEncode) { check_encode("llama2_metaspace"); }
 TEST(TokenizerReference, Llama2MetaspaceDecode) { check_decode("llama2_metaspace"); }
+TEST(TokenizerReference, Llama31VariantsEncode) { check_encode("llama3_1_variants"); }
+TEST(TokenizerReference, Llama31VariantsDecode) { check_decode("llama3_1_variants"); }
+TEST(TokenizerReference, Llama2VariantsEncode) { check_encode("llama2_variants"); }
+TEST(TokenizerReference, Llama2VariantsDecode) { check_decode("llama2_variants"); }
 TEST(TokenizerStream, Qwen3) { check_stream("qwen3"); }
 TEST(TokenizerStream, Llama31) { check_stream("llama3_1"); }
 TEST(TokenizerStream, Llama2) { check_stream("llama2"); }
@@ -328,13 +332,16 @@ TEST(TokenizerSynthetic, MergeOrderAndAddedTokens) {
   // " a": Ġa.
   EXPECT_EQ(t.encode(" a", false), (std::vector<int32_t>{7}));
   // Added tokens are cut out before the model; <x> has lstrip/rstrip: it swallows the
-  // whitespace around it.
-  EXPECT_EQ(t.encode("a<eos>b", false), (std::vector<int32_t>{0, 100, 1}));
-  EXPECT_EQ(t.encode("a  <x>  b", false), (std::vector<int32_t>{0, 101, 1}));
-  EXPECT_EQ(t.decode(std::vector<int32_t>{0, 100, 1}, false), "a<eos>b");
-  EXPECT_EQ(t.decode(std::vector<int32_t>{0, 100, 1}, true), "ab");
+  // whitespace around it. As in the reference, the ids written in the file (100, 101) are not
+  // used: tokens missing from the model vocabulary (9 entries) get ids 9, 10 in file order.
+  EXPECT_EQ(t.encode("a<eos>b", false), (std::vector<int32_t>{0, 9, 1}));
+  EXPECT_EQ(t.encode("a  <x>  b", false), (std::vector<int32_t>{0, 10, 1}));
+  EXPECT_EQ(t.token_to_id("<x>"), std::optional<int32_t>(10));
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0, 9, 1}, false), "a<eos>b");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0, 9, 1}, true), "ab");
+  EXPECT_EQ(t.decode(std::vector<int32_t>{0, 10, 1}, true), "a<x>b");  // <x> is not special
   EXPECT_EQ(t.decode(std::vector<int32_t>{7, 5}, false), " abc");
-  EXPECT_EQ(t.vocab_size(), 102);
+  EXPECT_EQ(t.vocab_size(), 11);
   EXPECT_FALSE(t.bos_id().has_value());
 }
 

