@@ -1,0 +1,86 @@
+// veloxquant/cuda_cache.h — the device-resident caches (builds with CUDA) and their batched,
+// graph-capturable decode step. No CUDA header: streams are opaque (a cudaStream_t as void*).
+//
+// KVCacheFactory::create(config) with config.device = Device::cuda(i) returns one of these
+// (kind FP16 or VecInfer); dynamic_cast<CudaKVCache*> reaches the extra API below. Both speak
+// the whole KVCache protocol with the CPU caches' semantics, state() and meta_state() (same
+// tensor names, layouts and meta keys, so a state saved from one restores into the other):
+//   update / update_and_fetch / fused_sdpa   inputs may be CUDA tensors on the cache's device
+//                                            (the normal case) or CPU tensors (copied over);
+//                                            outputs live where the queries live
+//   trim, state, restore, nbytes, ...        as FP16KVCache / VecInferKVCache
+// Work is queued on config.stream (null: the legacy default stream); host-path calls that
+// return tensors synchronise that stream.
+//
+// Ragged batches. Every sequence b of the batch has its own length (device array
+// seq_len[b], host mirror seq_lens()). update() appends n tokens to every sequence at its own
+// length; attention masks each sequence at its own length (queries are its newest tokens).
+// state(), update_and_fetch() and offset() need equal lengths (offset() returns the longest).
+//
+// Graph capture. decode_step() appends one step's tokens and attends, launching only kernels
+// (no allocation, no host synchronisation, lengths read and advanced on the device), so it can
+// be captured in a CUDA graph and replayed: call reserve() and plan_decode() first (they
+// allocate), then capture. After replays, sync_seq_lens() refreshes the host mirror.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "veloxquant/cache.h"
+
+namespace veloxquant {
+
+/// True when this build has CUDA and at least one device is visible.
+bool cuda_is_available();
+
+/// The extra API of the CUDA caches (both kinds).
+class CudaKVCache : public KVCache {
+ public:
+  /// Grows every buffer to hold `max_tokens` tokens per sequence now (batch and n_kv_heads must
+  /// be known: from the config or a first update, or give them here when still unknown).
+  virtual void reserve(int64_t max_tokens, int64_t batch = 0) = 0;
+  int64_t capacity() const { return capacity_; }
+
+  /// Plans decode attention for `n_heads` query heads and q_len query rows per step, sized for
+  /// contexts around `typical_len` tokens: split count and workspace (allocated here).
+  virtual void plan_decode(int n_heads, int q_len, int64_t typical_len) = 0;
+
+  /// Appends k_new/v_new [batch, n_kv_heads, q_len, head_dim] at each sequence's own length and
+  /// writes out [batch, n_heads, q_len, head_dim] = attention of q [batch, n_heads, q_len,
+  /// head_dim] (the newest q_len positions) over everything held. All four are CUDA tensors on
+  /// the cache's device (any float dtype, any strides). Needs reserve() and plan_decode(); does
+  /// not check lengths against the capacity on the host (kernels flag an overflow instead:
+  /// device_error()). Validates shapes on the host without touching the device.
+  virtual void decode_step(const TensorView& q, const TensorView& k_new, const TensorView& v_new,
+                           const TensorView& out, const SdpaParams& params) = 0;
+  /// Raw-pointer form of decode_step for contiguous tensors of one dtype (F16, BF16 or F32):
+  /// q and out [batch, n_heads, q_len, head_dim], k_new and v_new [batch, n_kv_heads, q_len,
+  /// head_dim].
+  virtual void decode_step_raw(const void* q, const void* k_new, const void* v_new, void* out, DType dtype,
+                               int n_heads, int q_len, const SdpaParams& params) = 0;
+
+  /// Sets per-sequence lengths (each <= the current longest; shortening drops tokens like
+  /// trim, per sequence).
+  virtual void set_seq_lens(const std::vector<int64_t>& lens) = 0;
+  /// Host mirror of the per-sequence lengths.
+  const std::vector<int64_t>& seq_lens() const { return lens_; }
+  /// Re-reads the lengths from the device (after graph replays); synchronises the stream.
+  virtual void sync_seq_lens() = 0;
+  /// The device array of lengths, I32 [batch] (decode steps read and advance it).
+  virtual int32_t* device_seq_lens() const = 0;
+
+  /// Whether a kernel found a position beyond the capacity (synchronises; clears the flag).
+  virtual bool device_error() = 0;
+  /// Waits for the cache's stream.
+  virtual void synchronize() const = 0;
+  void* stream() const { return stream_; }
+  Device device() const { return device_; }
+
+ protected:
+  std::vector<int64_t> lens_;  // host mirror, [batch]
+  int64_t capacity_ = 0;
+  void* stream_ = nullptr;
+  Device device_{};
+};
+
+}  // namespace veloxquant

@@ -1,0 +1,135 @@
+// src/cuda/attention.cu — the one dispatch point of the attention kernels (runtime
+// configuration → compiled instantiation, ending in a throwing default), occupancy queries
+// and the split planner. Launch only here: planning (splits, workspace) happens in the cache
+// before a decode step, so a captured step launches without host work.
+#include <algorithm>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda/attention_kernel.cuh"
+#include "cuda/kernels.h"
+
+namespace veloxquant::cuda {
+
+void attn_register_k4b8_v4b8(std::vector<AttnEntry>&);
+void attn_register_k4b12_v8b8(std::vector<AttnEntry>&);
+void attn_register_k8b12_v8b12(std::vector<AttnEntry>&);
+void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
+void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
+
+namespace {
+
+const std::vector<AttnEntry>& registry() {
+  static const std::vector<AttnEntry> r = [] {
+    std::vector<AttnEntry> v;
+    attn_register_k4b8_v4b8(v);
+    attn_register_k4b12_v8b8(v);
+    attn_register_k8b12_v8b12(v);
+    attn_register_k4b10_v8b12(v);
+    attn_register_k8b8_v8b8(v);
+    return v;
+  }();
+  return r;
+}
+
+bool same(const AttnConfigKey& a, const AttnConfigKey& b) {
+  return a.head_dim == b.head_dim && a.key_sub_dim == b.key_sub_dim && a.key_bits == b.key_bits &&
+         a.value_sub_dim == b.value_sub_dim && a.value_bits == b.value_bits && a.n_tiles == b.n_tiles;
+}
+
+const AttnEntry* find(const AttnConfigKey& k) {
+  for (const AttnEntry& e : registry())
+    if (same(e.key, k)) return &e;
+  return nullptr;
+}
+
+std::string key_str(const AttnConfigKey& k) {
+  std::ostringstream os;
+  os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
+     << k.head_dim << "x" << 8 * k.n_tiles;
+  return os.str();
+}
+
+/// Raises the dynamic shared-memory limit of a kernel once per device.
+void ensure_smem_attr(const AttnEntry& e) {
+  static std::mutex mu;
+  static std::set<std::pair<int, const void*>> done;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (done.count({dev, e.kernel})) return;
+  VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
+  done.insert({dev, e.kernel});
+}
+
+}  // namespace
+
+bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
+
+const char* attn_compiled_list() {
+  static const std::string s = [] {
+    std::set<std::string> names;
+    for (const AttnEntry& e : registry()) {
+      AttnConfigKey k = e.key;
+      std::ostringstream os;
+      os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
+         << k.head_dim;
+      names.insert(os.str());
+    }
+    std::string out;
+    for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    return out;
+  }();
+  return s.c_str();
+}
+
+int attn_smem_bytes(const AttnConfigKey& k) {
+  const AttnEntry* e = find(k);
+  return e ? e->smem : 0;
+}
+
+int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
+  const AttnEntry* e = find(k);
+  VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
+                                                                   << attn_compiled_list() << ")");
+  int prev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&prev));
+  if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(device));
+  ensure_smem_attr(*e);
+  int n = 0;
+  VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, e->kernel, 256, e->smem));
+  if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(prev));
+  return std::max(n, 1);
+}
+
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
+  const AttnEntry* e = find(k);
+  VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
+                                                                   << attn_compiled_list()
+                                                                   << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)");
+  VQ_CHECK_VALUE(p.n_splits >= 1 && p.n_splits <= 32, "CUDA attention: n_splits must be in 1..32, got " << p.n_splits);
+  VQ_CHECK_VALUE(p.n_splits == 1 || (p.ws_o && p.ws_ml && p.counters),
+                 "CUDA attention: a split launch needs a workspace (plan first)");
+  VQ_CHECK_VALUE(!p.advance || p.done_counter, "CUDA attention: advancing lengths needs the done counter");
+  const int64_t gy = int64_t(p.n_kv_heads) * p.n_row_chunks;
+  VQ_CHECK_VALUE(gy <= 65535 && p.batch <= 65535,
+                 "CUDA attention: grid too large (n_kv_heads·row chunks = " << gy << ", batch = " << p.batch << ")");
+  if (p.batch == 0 || p.n_kv_heads == 0 || p.q_len == 0) return;
+  ensure_smem_attr(*e);
+  e->launch(p, dim3(p.n_splits, unsigned(gy), p.batch), as_stream(stream));
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm, int64_t min_tokens_per_split) {
+  if (segments <= 0) return 1;
+  const int64_t slots = int64_t(std::max(n_sms, 1)) * std::max(blocks_per_sm, 1);
+  int64_t s = std::max<int64_t>(1, slots / segments);
+  s = std::min<int64_t>(s, std::max<int64_t>(1, typical_len / std::max<int64_t>(min_tokens_per_split, 1)));
+  return int(std::clamp<int64_t>(s, 1, 32));
+}
+
+}  // namespace veloxquant::cuda

@@ -1,0 +1,701 @@
+// src/cuda/attention_kernel.cuh — fused decode attention on product-VQ codes (q_len 1..16).
+//
+// What it computes. For every (batch b, kv head h, chunk of query rows) and split s, the
+// online-softmax partial of
+//   out[row] = Σ_j softmax_j(scale · q̃_row · K̃_j) V̂_j
+// over the split's share of the history: coded tokens (K̃_j = key codebook centroids of the
+// codes of token j, in the transformed space where q̃ = (q ⊙ λ)·H), then exact window tokens
+// (raw q against the stored fp16/bf16 rows). The last block of a (b, h, chunk) to finish
+// merges the splits by log-sum-exp and writes the output; with one split it writes directly.
+//
+// Layout. codes [batch, n_kv_heads, cap, row_stride] (pq.h bit packing, rows padded to 4
+// bytes); window rows [batch, n_kv_heads, win_cap, head_dim]; queries and outputs
+// [batch, n_heads, q_len, head_dim] with any strides. Query rows of one kv head are
+// row = qi·G + hg (G = n_heads / n_kv_heads), 8·NT rows per chunk.
+//
+// Why it is shaped so.
+//  * One block serves all query heads of a GQA group, so every code byte leaves HBM once.
+//  * Codes are never turned into a LUT: both products run on fp16 tensor cores (mma
+//    m16n8k16) with centroids gathered straight into MMA fragments from shared memory.
+//    Scores: S[16 tokens × 8 rows] = K̃ · q̃ᵀ; thread t's four K columns of a k-step are one
+//    or half a centroid of its own sub-vectors, so a gathered 8/16-byte centroid IS the
+//    fragment. Values: Oᵀ[16 dims × 8 rows] += V̂ᵀ · Pᵀ with the 16 tokens of a k-step in the
+//    order (t, t+4, t+8, t+12) per lane, which makes both the code reads and the P transpose
+//    (4 shuffles) cheap. Register pressure stays flat for 12-bit codebooks, where a LUT
+//    (4096 entries per sub-vector and query row) cannot fit anyway.
+//  * The per-token cost is shared-memory gathers (head_dim·2 bytes per K and per V), so the
+//    fp16 codebooks are replicated across banks: lane l of a shared-memory phase reads copy
+//    l mod R, each copy living in its own bank group, which makes the random gathers
+//    conflict-free when R covers the phase (8-bit codebooks) and spreads them otherwise.
+//  * Codes stream into registers one warp tile (32 tokens) ahead with L1-bypassing loads,
+//    and L2 bulk prefetches (sm_90) run a few block tiles ahead, keeping HBM busy without
+//    spending shared memory on staging.
+//  * Softmax state and accumulators are fp32 (scores in log2 units, exp2); P goes to fp16
+//    only as an MMA operand.
+#pragma once
+
+#include <cfloat>
+#include <climits>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/kernels.h"
+
+namespace veloxquant::cuda {
+
+struct CbCopies {
+  int k, v;
+};
+/// Replication of the two fp16 codebooks within the shared-memory budget: double whichever
+/// is further from conflict-free, while both fit.
+constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, int budget) {
+  int rk = 1, rv = 1;
+  for (;;) {
+    const bool can_k = rk < k_max && 2 * rk * k_bytes + rv * v_bytes <= budget;
+    const bool can_v = rv < v_max && rk * k_bytes + 2 * rv * v_bytes <= budget;
+    if (!can_k && !can_v) break;
+    if (can_k && (!can_v || k_max / rk >= v_max / rv)) rk *= 2;
+    else rv *= 2;
+  }
+  return {rk, rv};
+}
+
+template <int D, int KS, int KB, int VS, int VB, int NT>
+struct AttnTraits {
+  static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
+  static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
+  static_assert(VS == 4 || VS == 8, "value sub_dim 4 or 8");
+  static_assert(NT == 1 || NT == 2, "one or two row tiles");
+  static constexpr int kWarps = 8, kThreads = 256;
+  static constexpr int kRows = 8 * NT;
+  static constexpr int kWarpTok = 32;                  // two k-tiles of 16 tokens
+  static constexpr int kBlockTok = kWarps * kWarpTok;  // tokens per block iteration
+  static constexpr int kPrefetchTiles = 4;             // L2 prefetch distance, block tiles
+  // keys: lane t = lane & 3 owns sub-vectors [t·kKSpt, (t+1)·kKSpt)
+  static constexpr int kKSubs = D / KS, kKSpt = kKSubs / 4, kKStepsPerSub = KS / 4, kKSteps = D / 16;
+  static constexpr int kKBits = kKSpt * KB;
+  static constexpr int kKW = lane_words(kKBits, 4);
+  static constexpr int kKA = (kKBits + 31) / 32;
+  static constexpr bool kKAligned = lanes_aligned(kKBits, 4);
+  // values: lane g = lane >> 2 owns sub-vectors [g·kVSpt, (g+1)·kVSpt)
+  static constexpr int kVSubs = D / VS, kVSpt = kVSubs / 8, kVWps = VS / 2, kMT = D / 16;
+  static constexpr int kVBits = kVSpt * VB;
+  static constexpr int kVW = lane_words(kVBits, 8);
+  static constexpr int kVA = (kVBits + 31) / 32;
+  static constexpr bool kVAligned = lanes_aligned(kVBits, 8);
+  static_assert(kKSpt * 4 == kKSubs && kVSpt * 8 == kVSubs, "sub-vectors must split over lanes");
+  // fp16 codebooks in shared memory, replicated over bank groups
+  static constexpr int kNK = 1 << KB, kNV = 1 << VB;
+  static constexpr int kEK = KS * 2, kEV = VS * 2;        // bytes per entry
+  static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
+  static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, 192 * 1024);
+  static constexpr int kRK = kCopies.k, kRV = kCopies.v;
+  static constexpr int kGK = kPK / kRK, kGV = kPV / kRV;  // bank groups per copy
+  static constexpr int kKcbBytes = kNK * kEK * kRK, kVcbBytes = kNV * kEV * kRV;
+  static constexpr int kCbBytes = kKcbBytes + kVcbBytes;
+  // block combine (aliases the codebooks once the loop is done)
+  static constexpr int kCoStride = D + 4;
+  static constexpr int kCombineBytes = (kWarps * kRows * kCoStride + 2 * kWarps * kRows) * 4;
+  static constexpr int kRegion = ((kCbBytes > kCombineBytes ? kCbBytes : kCombineBytes) + 15) / 16 * 16;
+  static constexpr int kSmem = kRegion + kRows * D * (2 + 2 + 4) + 64;
+};
+
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+/// Code i of a realigned little-endian stream (runtime i, constant after unrolling).
+template <int B, int NA>
+__device__ __forceinline__ uint32_t code_at(const uint32_t (&a)[NA], int i) {
+  const int bit = i * B, w = bit >> 5, o = bit & 31;
+  const uint32_t mask = (1u << B) - 1u;
+  if (B == 8 && (o & 7) == 0) return __byte_perm(a[w], 0u, 0x4440u | uint32_t(o >> 3));
+  if (o + B <= 32) return (a[w] >> o) & mask;
+  return __funnelshift_r(a[w], a[w + 1 < NA ? w + 1 : w], o) & mask;
+}
+
+template <int NW, int NA>
+__device__ __forceinline__ void realign(const uint32_t (&w)[NW], int sh, uint32_t (&a)[NA]) {
+#pragma unroll
+  for (int j = 0; j < NA; ++j) a[j] = __funnelshift_r(w[j], (j + 1 < NW) ? w[j + 1] : 0u, sh);
+}
+
+template <int NW>
+__device__ __forceinline__ void load_words(const uint8_t* p, uint32_t (&w)[NW]) {
+  if constexpr (NW == 4) {
+    if ((reinterpret_cast<uintptr_t>(p) & 15) == 0) {
+      const uint4 v = ld_stream_u128(p);
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+      return;
+    }
+  }
+  if constexpr (NW == 2) {
+    if ((reinterpret_cast<uintptr_t>(p) & 7) == 0) {
+      const uint2 v = ld_stream_u64(p);
+      w[0] = v.x, w[1] = v.y;
+      return;
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < NW; ++j) w[j] = ld_stream_u32(p + 4 * j);
+}
+
+/// Loads E bytes (E = 8 or 16: one fp16 centroid) as words.
+template <int E>
+__device__ __forceinline__ void lds_entry(const unsigned char* s, uint32_t (&w)[E / 4]) {
+  if constexpr (E == 8) {
+    const uint2 v = *reinterpret_cast<const uint2*>(s);
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    const uint4 v = *reinterpret_cast<const uint4*>(s);
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  }
+}
+
+/// Loads E bytes of a window row (fp16, or bf16 converted to fp16) as fp16 words.
+template <int E>
+__device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool valid, uint32_t (&w)[E / 4]) {
+  if (!valid) {
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) w[j] = 0;
+    return;
+  }
+  if constexpr (E == 8) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
+    w[0] = v.x, w[1] = v.y;
+  } else {
+    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
+    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+  }
+  if (bf16) {
+#pragma unroll
+    for (int j = 0; j < E / 4; ++j) w[j] = bf16x2_to_f16x2(w[j]);
+  }
+}
+
+template <int D, int KS, int KB, int VS, int VB, int NT>
+__global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
+  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
+  constexpr int kRows = T::kRows;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* const sK = smem;
+  unsigned char* const sV = smem + T::kKcbBytes;
+  __half* const sQt = reinterpret_cast<__half*>(smem + T::kRegion);  // [kRows][D] q̃·scale
+  __half* const sQr = sQt + kRows * D;                                 // [kRows][D] q·scale
+  float* const sQw = reinterpret_cast<float*>(sQr + kRows * D);        // [kRows][D] scratch
+  int* const sFlag = reinterpret_cast<int*>(sQw + kRows * D);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  const int split = blockIdx.x, S = p.n_splits;
+  const int kvh = blockIdx.y / p.n_row_chunks, rchunk = blockIdx.y % p.n_row_chunks, b = blockIdx.z;
+  const int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
+  const int G = p.n_heads / p.n_kv_heads;
+  const int rows_total = G * p.q_len;
+
+  // ---- lengths, visibility, this block's share ---------------------------------------------
+  const int L = p.seq_len[b] + p.n_new;
+  int rc = p.win_all ? L : min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
+  rc = max(0, min(rc, L));
+  const int n_code = L - rc;
+  int lo_u = INT_MAX, hi_u = 0, lo_max = 0, hi_min = INT_MAX;
+  for (int r = 0; r < kRows; ++r) {
+    const int gr = rchunk * kRows + r;
+    if (gr >= rows_total) break;
+    const int pos = L - p.q_tail + gr / G;
+    const int lo = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
+    const int hi = p.causal ? min(L, pos + 1) : L;
+    lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
+  }
+  int lo_t[NT][2], hi_t[NT][2];  // bounds of this lane's rows n·8 + 2t + r
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int gr = rchunk * kRows + n * 8 + 2 * t + r;
+      if (gr < rows_total) {
+        const int pos = L - p.q_tail + gr / G;
+        lo_t[n][r] = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
+        hi_t[n][r] = p.causal ? min(L, pos + 1) : L;
+      } else {
+        lo_t[n][r] = 0, hi_t[n][r] = INT_MAX;
+      }
+    }
+  const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
+  const int64_t Nc = max(0, cB - cA);
+  const int wA = max(lo_u, n_code), wB = min(hi_u, L);
+  const int64_t Nw = max(0, wB - wA);
+  const int64_t ww = p.window_weight;
+  const int64_t units = Nc + ww * Nw;
+  const int64_t chunk = ((units + S - 1) / S + 31) / 32 * 32;
+  const int64_t u0 = min(units, int64_t(split) * chunk), u1 = min(units, u0 + chunk);
+  const int c0 = int(cA + min(u0, Nc)), c1 = int(cA + min(u1, Nc));
+  int w0 = 0, w1 = 0;
+  if (u1 > Nc) {
+    const int64_t r0 = (max(u0, Nc) - Nc + ww - 1) / ww, r1 = min(Nw, (u1 - Nc + ww - 1) / ww);
+    w0 = int(wA + r0), w1 = int(wA + max(r0, r1));
+  }
+  const bool has_code = c1 > c0;
+  const int64_t bh = int64_t(b) * p.n_kv_heads + kvh;
+  const uint8_t* const kcodes = has_code ? p.k_codes + bh * p.code_cap * p.k_row_stride : nullptr;
+  const uint8_t* const vcodes = has_code ? p.v_codes + bh * p.code_cap * p.v_row_stride : nullptr;
+  if (has_code && tid == 0) {  // start HBM early: the first tiles while shared memory fills
+    const int e = min(c1, c0 + T::kPrefetchTiles * T::kBlockTok);
+    prefetch_l2(kcodes + int64_t(c0) * p.k_row_stride, uint32_t(e - c0) * p.k_row_stride);
+    prefetch_l2(vcodes + int64_t(c0) * p.v_row_stride, uint32_t(e - c0) * p.v_row_stride);
+  }
+
+  // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
+  for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
+    const int r = idx / D, d = idx % D, gr = rchunk * kRows + r;
+    float x = 0.0f;
+    if (gr < rows_total) {
+      const int qi = gr / G, h = kvh * G + gr % G;
+      x = load_f(p.q.data, p.q.dtype,
+                 b * p.q.stride[0] + h * p.q.stride[1] + qi * p.q.stride[2] + d * p.q.stride[3]);
+    }
+    sQr[idx] = __float2half_rn(x * p.scale_log2);
+    sQw[idx] = p.lambda ? x * p.lambda[kvh * D + d] : x;
+  }
+  __syncthreads();
+  if (p.use_hadamard) {
+    for (int h = 1; h < D; h <<= 1) {
+      for (int i = tid; i < kRows * D / 2; i += T::kThreads) {
+        const int r = i / (D / 2), j = i % (D / 2);
+        const int i0 = r * D + (j / h) * 2 * h + (j % h);
+        const float a = sQw[i0], c = sQw[i0 + h];
+        sQw[i0] = a + c, sQw[i0 + h] = a - c;
+      }
+      __syncthreads();
+    }
+  }
+  const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
+  for (int idx = tid; idx < kRows * D; idx += T::kThreads) sQt[idx] = __float2half_rn(sQw[idx] * qscale);
+
+  // ---- codebooks into shared memory, replicated ---------------------------------------------
+  if (has_code) {
+    for (int c = tid; c < T::kNK; c += T::kThreads) {
+      uint32_t w[T::kEK / 4];
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + c * KS);
+#pragma unroll
+      for (int j = 0; j < T::kEK / 4; ++j) w[j] = __ldg(src + j);
+      const int row = c / T::kGK, col = c % T::kGK;
+#pragma unroll
+      for (int cp = 0; cp < T::kRK; ++cp) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(sK + row * 128 + (cp * T::kGK + col) * T::kEK);
+#pragma unroll
+        for (int j = 0; j < T::kEK / 4; ++j) dst[j] = w[j];
+      }
+    }
+    for (int c = tid; c < T::kNV; c += T::kThreads) {
+      uint32_t w[T::kEV / 4];
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + c * VS);
+#pragma unroll
+      for (int j = 0; j < T::kEV / 4; ++j) w[j] = __ldg(src + j);
+      const int row = c / T::kGV, col = c % T::kGV;
+#pragma unroll
+      for (int cp = 0; cp < T::kRV; ++cp) {
+        uint32_t* dst = reinterpret_cast<uint32_t*>(sV + row * 128 + (cp * T::kGV + col) * T::kEV);
+#pragma unroll
+        for (int j = 0; j < T::kEV / 4; ++j) dst[j] = w[j];
+      }
+    }
+  }
+  __syncthreads();
+
+  // ---- per-warp state -----------------------------------------------------------------------
+  uint32_t qf[NT][T::kKSteps][2];
+  auto load_qf = [&](const __half* src) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int ks = 0; ks < T::kKSteps; ++ks) {
+        const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
+        const int d0 = (t * T::kKSpt + i) * KS + 4 * part;
+        const __half* q = src + (n * 8 + g) * D + d0;
+        qf[n][ks][0] = *reinterpret_cast<const uint32_t*>(q);
+        qf[n][ks][1] = *reinterpret_cast<const uint32_t*>(q + 2);
+      }
+  };
+  float m[NT][2], l[NT][2], o[T::kMT][NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) m[n][r] = -INFINITY, l[n][r] = 0.0f;
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][n][e] = 0.0f;
+
+  const int k_off = (lane & (T::kRK - 1)) * T::kGK * T::kEK;  // this lane's codebook copy
+  const int v_off = (lane & (T::kRV - 1)) * T::kGV * T::kEV;
+  auto k_addr = [&](uint32_t c) -> const unsigned char* {
+    return sK + ((c / T::kGK) << 7) + (c % T::kGK) * T::kEK + k_off;
+  };
+  auto v_addr = [&](uint32_t c) -> const unsigned char* {
+    return sV + ((c / T::kGV) << 7) + (c % T::kGV) * T::kEV + v_off;
+  };
+
+  // Masks a tile's scores (tokens base + kt·16 + g + 8j) against [.., end) and the rows' bounds.
+  auto mask_scores = [&](float (&s)[2][NT][4], int base, int end) {
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int tok = base + kt * 16 + g + 8 * j;
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int r = 0; r < 2; ++r)
+            if (tok >= end || tok < lo_t[n][r] || tok >= hi_t[n][r]) s[kt][n][2 * j + r] = -INFINITY;
+      }
+  };
+
+  // Online softmax over a 32-token tile, then O += P·V̂ with V̂ words from vwords(kt, q, i, w).
+  auto softmax_pv = [&](float (&s)[2][NT][4], auto&& vwords) {
+    float sc[NT][2];
+    bool rescale = false;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = fmaxf(fmaxf(s[0][n][r], s[0][n][2 + r]), fmaxf(s[1][n][r], s[1][n][2 + r]));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mnew = fmaxf(m[n][r], mx);
+        const float muse = mnew == -INFINITY ? 0.0f : mnew;
+        sc[n][r] = ex2(m[n][r] - muse);
+        rescale |= sc[n][r] != 1.0f;
+        m[n][r] = mnew;
+        l[n][r] *= sc[n][r];
+#pragma unroll
+        for (int kt = 0; kt < 2; ++kt) {
+          s[kt][n][r] = ex2(s[kt][n][r] - muse);
+          s[kt][n][2 + r] = ex2(s[kt][n][2 + r] - muse);
+          l[n][r] += s[kt][n][r] + s[kt][n][2 + r];
+        }
+      }
+    if (__any_sync(0xffffffffu, rescale)) {
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          o[mt][n][0] *= sc[n][0], o[mt][n][1] *= sc[n][1];
+          o[mt][n][2] *= sc[n][0], o[mt][n][3] *= sc[n][1];
+        }
+    }
+    const int src0 = 4 * t + (g >> 1), src1 = src0 + 16;
+    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+#pragma unroll
+    for (int kt = 0; kt < 2; ++kt) {
+      uint32_t bp[NT][2];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const uint32_t h01 = pack_half2(s[kt][n][0], s[kt][n][1]);
+        const uint32_t h23 = pack_half2(s[kt][n][2], s[kt][n][3]);
+        const uint32_t x = __shfl_sync(0xffffffffu, h01, src0), y = __shfl_sync(0xffffffffu, h01, src1);
+        const uint32_t z = __shfl_sync(0xffffffffu, h23, src0), w = __shfl_sync(0xffffffffu, h23, src1);
+        bp[n][0] = prmt(x, y, sel);
+        bp[n][1] = prmt(z, w, sel);
+      }
+#pragma unroll
+      for (int i = 0; i < T::kVSpt; ++i) {
+        uint32_t vw[4][T::kVWps];
+        vwords(kt, i, vw);
+#pragma unroll
+        for (int j = 0; j < T::kVWps; ++j) {
+          const int mt = i * T::kVWps + j;
+          const uint32_t a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
+          const uint32_t a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
+#pragma unroll
+          for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[n][0], bp[n][1]);
+        }
+      }
+    }
+  };
+
+  // ---- coded tokens -------------------------------------------------------------------------
+  if (has_code) {
+    load_qf(sQt);
+    const int kw0 = (t * T::kKBits) >> 5, ksh = (t * T::kKBits) & 31;
+    const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
+    const int krs = p.k_row_stride, vrs = p.v_row_stride;
+    struct Tile {
+      uint32_t k[2][2][T::kKW];
+      uint32_t v[2][4][T::kVW];
+    };
+    auto load_tile = [&](Tile& tl, int base) {
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int tok = base + kt * 16 + g + 8 * j;
+          if (tok < c1) load_words<T::kKW>(kcodes + int64_t(tok) * krs + 4 * kw0, tl.k[kt][j]);
+          else
+#pragma unroll
+            for (int w = 0; w < T::kKW; ++w) tl.k[kt][j][w] = 0;
+        }
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int tok = base + kt * 16 + t + 4 * q;
+          if (tok < c1) load_words<T::kVW>(vcodes + int64_t(tok) * vrs + 4 * vw0, tl.v[kt][q]);
+          else
+#pragma unroll
+            for (int w = 0; w < T::kVW; ++w) tl.v[kt][q][w] = 0;
+        }
+      }
+    };
+    Tile cur, nxt;
+    int base = c0 + warp * T::kWarpTok;
+    if (base < c1) load_tile(cur, base);
+    for (; base < c1; base += T::kBlockTok) {
+      const int nb = base + T::kBlockTok;
+      if (nb < c1) load_tile(nxt, nb);
+      if (warp == 0 && lane == 0) {
+        const int pb = base + T::kPrefetchTiles * T::kBlockTok;
+        if (pb < c1) {
+          const int pe = min(c1, pb + T::kBlockTok);
+          prefetch_l2(kcodes + int64_t(pb) * krs, uint32_t(pe - pb) * krs);
+          prefetch_l2(vcodes + int64_t(pb) * vrs, uint32_t(pe - pb) * vrs);
+        }
+      }
+      // scores S[16 tokens × 8 rows] per k-tile and row tile
+      float s[2][NT][4];
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) s[kt][n][0] = s[kt][n][1] = s[kt][n][2] = s[kt][n][3] = 0.0f;
+        uint32_t a0[T::kKA], a1[T::kKA];
+        if constexpr (T::kKAligned) {
+#pragma unroll
+          for (int j = 0; j < T::kKA; ++j) a0[j] = cur.k[kt][0][j], a1[j] = cur.k[kt][1][j];
+        } else {
+          realign(cur.k[kt][0], ksh, a0);
+          realign(cur.k[kt][1], ksh, a1);
+        }
+#pragma unroll
+        for (int i = 0; i < T::kKSpt; ++i) {
+          uint32_t e0[KS / 2], e1[KS / 2];
+          lds_entry<T::kEK>(k_addr(code_at<KB>(a0, i)), e0);
+          lds_entry<T::kEK>(k_addr(code_at<KB>(a1, i)), e1);
+#pragma unroll
+          for (int part = 0; part < T::kKStepsPerSub; ++part) {
+            const int ks = i * T::kKStepsPerSub + part;
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+              mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
+                      qf[n][ks][1]);
+          }
+        }
+      }
+      const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
+      if (!full) mask_scores(s, base, c1);
+      softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          uint32_t a[T::kVA];
+          if constexpr (T::kVAligned) {
+#pragma unroll
+            for (int j = 0; j < T::kVA; ++j) a[j] = cur.v[kt][q][j];
+          } else {
+            realign(cur.v[kt][q], vsh, a);
+          }
+          lds_entry<T::kEV>(v_addr(code_at<VB>(a, i)), vw[q]);
+        }
+      });
+      cur = nxt;
+    }
+  }
+
+  // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
+  if (w1 > w0) {
+    load_qf(sQr);
+    const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
+    const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
+    auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
+    for (int base = w0 + warp * T::kWarpTok; base < w1; base += T::kBlockTok) {
+      float s[2][NT][4];
+#pragma unroll
+      for (int kt = 0; kt < 2; ++kt) {
+#pragma unroll
+        for (int n = 0; n < NT; ++n) s[kt][n][0] = s[kt][n][1] = s[kt][n][2] = s[kt][n][3] = 0.0f;
+        const int p0 = base + kt * 16 + g, p1 = p0 + 8;
+        const uint16_t* r0 = kwin + slot(min(p0, w1 - 1)) * D;
+        const uint16_t* r1 = kwin + slot(min(p1, w1 - 1)) * D;
+#pragma unroll
+        for (int i = 0; i < T::kKSpt; ++i) {
+          const int d0 = (t * T::kKSpt + i) * KS;
+          uint32_t e0[KS / 2], e1[KS / 2];
+          ldg_row<T::kEK>(r0 + d0, p.win_bf16, p0 < w1, e0);
+          ldg_row<T::kEK>(r1 + d0, p.win_bf16, p1 < w1, e1);
+#pragma unroll
+          for (int part = 0; part < T::kKStepsPerSub; ++part) {
+            const int ks = i * T::kKStepsPerSub + part;
+#pragma unroll
+            for (int n = 0; n < NT; ++n)
+              mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
+                      qf[n][ks][1]);
+          }
+        }
+      }
+      mask_scores(s, base, w1);
+      softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+        const int d0 = (g * T::kVSpt + i) * VS;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int pos = base + kt * 16 + t + 4 * q;
+          ldg_row<T::kEV>(vwin + slot(min(pos, w1 - 1)) * D + d0, p.win_bf16, pos < w1, vw[q]);
+        }
+      });
+    }
+  }
+
+  // ---- block combine: warps → one (max, sum, O) per row ------------------------------------
+#pragma unroll
+  for (int n = 0; n < NT; ++n)
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 4);
+      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 8);
+      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 16);
+    }
+  __syncthreads();  // the codebooks are dead: reuse their space
+  float* const co = reinterpret_cast<float*>(smem);  // [warps][rows][kCoStride]
+  float* const cm = co + T::kWarps * kRows * T::kCoStride;
+  float* const cl = cm + T::kWarps * kRows;
+  if (g == 0) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        cm[warp * kRows + n * 8 + 2 * t + r] = m[n][r];
+        cl[warp * kRows + n * 8 + 2 * t + r] = l[n][r];
+      }
+  }
+#pragma unroll
+  for (int mt = 0; mt < T::kMT; ++mt) {
+    const int i = mt / T::kVWps, j = mt % T::kVWps;
+    const int dlo = (g * T::kVSpt + i) * VS + 2 * j;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + dlo;
+        dst[0] = o[mt][n][r];
+        dst[1] = o[mt][n][2 + r];
+      }
+  }
+  __syncthreads();
+
+  auto write_out = [&](int row, int d, float v) {
+    const int gr = rchunk * kRows + row;
+    if (gr >= rows_total) return;
+    const int qi = gr / G, h = kvh * G + gr % G;
+    store_f(p.out, p.out_dtype, b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2] + d * p.out_stride[3],
+            v);
+  };
+  for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
+    const int row = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) M = fmaxf(M, cm[w * kRows + row]);
+    const float Mu = M == -INFINITY ? 0.0f : M;
+    float acc = 0.0f, lsum = 0.0f;
+#pragma unroll
+    for (int w = 0; w < T::kWarps; ++w) {
+      const float f = ex2(cm[w * kRows + row] - Mu);
+      acc += co[(w * kRows + row) * T::kCoStride + d] * f;
+      lsum += cl[w * kRows + row] * f;
+    }
+    if (S == 1) {
+      write_out(row, d, lsum > 0.0f ? acc / lsum : 0.0f);
+    } else {
+      const int64_t slot = (int64_t(seg) * S + split) * kRows + row;
+      p.ws_o[slot * D + d] = acc;
+      if (d == 0) p.ws_ml[slot * 2] = M, p.ws_ml[slot * 2 + 1] = lsum;
+    }
+  }
+
+  // ---- split merge by the last block of the segment -----------------------------------------
+  bool seg_done = (S == 1);
+  if (S > 1) {
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sFlag[0] = (atomicAdd(&p.counters[seg], 1) == S - 1);
+    __syncthreads();
+    seg_done = sFlag[0] != 0;
+    if (seg_done) {
+      __threadfence();
+      float* const wts = sQw;                // [S][kRows]
+      float* const ltot = sQw + 32 * kRows;  // [kRows] (n_splits <= 32)
+      for (int row = tid; row < kRows; row += T::kThreads) {
+        float M = -INFINITY;
+        for (int s2 = 0; s2 < S; ++s2)
+          M = fmaxf(M, __ldcg(p.ws_ml + ((int64_t(seg) * S + s2) * kRows + row) * 2));
+        const float Mu = M == -INFINITY ? 0.0f : M;
+        float lt = 0.0f;
+        for (int s2 = 0; s2 < S; ++s2) {
+          const int64_t sl = (int64_t(seg) * S + s2) * kRows + row;
+          const float f = ex2(__ldcg(p.ws_ml + sl * 2) - Mu);
+          wts[s2 * kRows + row] = f;
+          lt += __ldcg(p.ws_ml + sl * 2 + 1) * f;
+        }
+        ltot[row] = lt;
+      }
+      __syncthreads();
+      for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
+        const int row = idx / D, d = idx % D;
+        if (rchunk * kRows + row >= rows_total) continue;
+        float acc = 0.0f;
+        const float* src = p.ws_o + (int64_t(seg) * S * kRows + row) * D + d;
+#pragma unroll 8
+        for (int s2 = 0; s2 < S; ++s2) acc += __ldcg(src + int64_t(s2) * kRows * D) * wts[s2 * kRows + row];
+        write_out(row, d, ltot[row] > 0.0f ? acc / ltot[row] : 0.0f);
+      }
+      if (tid == 0) p.counters[seg] = 0;
+    }
+  }
+
+  // ---- decode step: the very last segment advances the lengths ------------------------------
+  if (p.advance && seg_done && tid == 0) {
+    __threadfence();
+    const int n_seg = p.batch * p.n_kv_heads * p.n_row_chunks;
+    if (atomicAdd(p.done_counter, 1) == n_seg - 1) {
+      for (int bb = 0; bb < p.batch; ++bb) {
+        p.seq_len_rw[bb] += p.n_new;
+        if (p.res_count_rw) p.res_count_rw[bb] = min(p.residual_length, p.res_count_rw[bb] + p.n_new);
+      }
+      *p.done_counter = 0;
+      __threadfence();
+    }
+  }
+}
+
+// ---- host side: one entry per compiled configuration ----------------------------------------
+struct AttnEntry {
+  AttnConfigKey key;
+  const void* kernel;
+  int smem;
+  void (*launch)(const AttnParams&, dim3, cudaStream_t);
+};
+
+template <int D, int KS, int KB, int VS, int VB, int NT>
+void attn_launch_t(const AttnParams& p, dim3 grid, cudaStream_t s) {
+  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
+  vq_attn_kernel<D, KS, KB, VS, VB, NT><<<grid, T::kThreads, T::kSmem, s>>>(p);
+}
+
+template <int D, int KS, int KB, int VS, int VB, int NT>
+AttnEntry attn_entry() {
+  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
+  static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
+  return {{D, KS, KB, VS, VB, NT},
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT>),
+          T::kSmem,
+          &attn_launch_t<D, KS, KB, VS, VB, NT>};
+}
+
+}  // namespace veloxquant::cuda

@@ -1,0 +1,25 @@
+// src/cuda/attn_configs.h — which attention configurations each translation unit compiles.
+// One .cu per (key spec, value spec) so the instantiations build in parallel. The default
+// build (VQ_CUDA_ALL_CONFIGS off) compiles what the tests and benchmarks need: d4b8/d4b8 and
+// the defaults d4b12/d8b8, head_dim 64 and 128. With VQ_CUDA_ALL_CONFIGS=ON: also d8b12/d8b12,
+// d4b10/d8b12 and d8b8/d8b8, and head_dim 256 (one row tile) for every configuration.
+#pragma once
+
+#include <vector>
+
+#include "cuda/attention_kernel.cuh"
+
+#if defined(VQ_CUDA_ALL_CONFIGS) && VQ_CUDA_ALL_CONFIGS
+#define VQ_ATTN_IF_ALL(x) x
+#else
+#define VQ_ATTN_IF_ALL(x)
+#endif
+
+#define VQ_ATTN_REGISTER(name, KS, KB, VS, VB)                                  \
+  void attn_register_##name(std::vector<AttnEntry>& out) {                      \
+    out.push_back(attn_entry<128, KS, KB, VS, VB, 1>());                        \
+    out.push_back(attn_entry<128, KS, KB, VS, VB, 2>());                        \
+    out.push_back(attn_entry<64, KS, KB, VS, VB, 1>());                         \
+    out.push_back(attn_entry<64, KS, KB, VS, VB, 2>());                         \
+    VQ_ATTN_IF_ALL(out.push_back(attn_entry<256, KS, KB, VS, VB, 1>());)        \
+  }

@@ -1,0 +1,1349 @@
+// src/cuda/cuda_cache.cpp — the device-resident FP16 and VecInfer caches (cuda_cache.h).
+//
+// Device buffers (B = batch, H = n_kv_heads, cap = capacity, R = residual_length,
+// rs = code row stride = round_up(code_bytes, 4)):
+//   held_k_, held_v_     [B, H, cap, D] storage dtype   FP16 cache; VecInfer Standard/Stash
+//                        (window tokens exact, older ones dequantized, as the CPU cache)
+//   codes_k_, codes_v_   [B, H, cap, rs] u8 (+ slack)   VecInfer Stash/MemoryBound
+//   pend_k_, pend_v_     [B, H, R, rs] u8, ring         VecInfer Standard (codes of window tokens)
+//   ring_k_, ring_v_     [B, H, R, D] storage, ring     VecInfer MemoryBound (the exact window)
+//   len_, rc_            I32 [B]                        per-sequence lengths / window counts
+// The CPU caches' semantics hold token for token (vecinfer_cache.h): every update encodes its
+// tokens, tokens leaving the window get dequantized rows (Standard/Stash), trim only moves
+// counters. state()/meta_state() produce the CPU caches' tensors and keys, and restore()
+// validates through the CPU caches' own from_state before anything here changes.
+//
+// Host-path calls (update, fused_sdpa, trim, state, ...) validate, allocate, then launch; a
+// call that throws before its launches leaves the cache as it was. decode_step only launches.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <sstream>
+
+#include "core/attention_internal.h"
+#include "core/cuda_hooks.h"
+#include "cpu/cache_common.h"
+#include "cuda/kernels.h"
+#include "veloxquant/cuda_cache.h"
+#include "veloxquant/error.h"
+#include "veloxquant/fp16_cache.h"
+#include "veloxquant/vecinfer_cache.h"
+
+#define VQ_CU(expr)                                                                                 \
+  do {                                                                                              \
+    const cudaError_t vq_e_ = (expr);                                                               \
+    if (vq_e_ != cudaSuccess)                                                                       \
+      VQ_THROW(CudaError, #expr << " failed: " << cudaGetErrorString(vq_e_) << " (" << __FILE__ << ":" \
+                                << __LINE__ << ")");                                                \
+  } while (0)
+
+namespace veloxquant {
+
+bool cuda_is_available() { return detail::cuda_available(); }
+
+namespace {
+
+using cuda::DevTensor4;
+using detail::round_up;
+
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int dev) {
+    VQ_CU(cudaGetDevice(&prev_));
+    if (prev_ != dev) VQ_CU(cudaSetDevice(dev));
+    dev_ = dev;
+  }
+  ~DeviceGuard() {
+    if (prev_ != dev_) cudaSetDevice(prev_);
+  }
+
+ private:
+  int prev_ = 0, dev_ = 0;
+};
+
+DevTensor4 dev4(const TensorView& v) {
+  DevTensor4 t;
+  t.data = v.data;
+  t.dtype = v.dtype;
+  for (int i = 0; i < 4; ++i) t.stride[i] = v.strides[i];
+  return t;
+}
+
+cudaStream_t cs(void* s) { return static_cast<cudaStream_t>(s); }
+
+/// A device view of `v`: v itself when it lives on `dev`, else a device copy of a CPU tensor.
+struct Staged {
+  Tensor keep;
+  TensorView view;
+};
+Staged stage(const TensorView& v, Device dev, const char* what) {
+  if (v.device == dev) return {Tensor{}, v};
+  VQ_CHECK_SHAPE(v.device.is_cpu(), what << ": on " << device_name(v.device) << ", the cache lives on "
+                                         << device_name(dev));
+  Tensor host = Tensor::copy_of(v);
+  Tensor d = Tensor::empty(v.sizes(), v.dtype, dev);
+  detail::cuda_memcpy_h2d(d.data(), host.data(), size_t(host.nbytes()), dev);
+  return {d, d.view()};
+}
+
+/// Copies n_rows rows (row_bytes each) starting at first_row of each of n_blocks blocks of
+/// src_rows rows (pitch src_pitch bytes) into a contiguous [n_blocks, n_rows, row_bytes] buffer.
+void copy_rows_2d(void* dst, size_t dst_row_pitch, int64_t dst_rows_per_block, int64_t dst_first, const void* src,
+                  size_t src_row_pitch, int64_t src_rows_per_block, int64_t src_first, int64_t n_blocks,
+                  int64_t n_rows, size_t row_bytes, cudaMemcpyKind kind, cudaStream_t s) {
+  if (n_rows <= 0 || n_blocks <= 0) return;
+  if (dst_rows_per_block * dst_row_pitch == size_t(n_rows) * dst_row_pitch &&
+      src_rows_per_block * src_row_pitch == size_t(n_rows) * src_row_pitch && dst_row_pitch == row_bytes &&
+      src_row_pitch == row_bytes && dst_first == 0 && src_first == 0) {
+    VQ_CU(cudaMemcpyAsync(dst, src, size_t(n_blocks * n_rows) * row_bytes, kind, s));
+    return;
+  }
+  if (dst_row_pitch == row_bytes && src_row_pitch == row_bytes) {
+    // whole row runs per block: one 2D copy, blocks as rows
+    VQ_CU(cudaMemcpy2DAsync(static_cast<char*>(dst) + dst_first * row_bytes, dst_rows_per_block * row_bytes,
+                            static_cast<const char*>(src) + src_first * row_bytes, src_rows_per_block * row_bytes,
+                            size_t(n_rows) * row_bytes, size_t(n_blocks), kind, s));
+    return;
+  }
+  for (int64_t bh = 0; bh < n_blocks; ++bh)
+    VQ_CU(cudaMemcpy2DAsync(static_cast<char*>(dst) + (bh * dst_rows_per_block + dst_first) * dst_row_pitch,
+                            dst_row_pitch,
+                            static_cast<const char*>(src) + (bh * src_rows_per_block + src_first) * src_row_pitch,
+                            src_row_pitch, row_bytes, size_t(n_rows), kind, s));
+}
+
+std::vector<uint16_t> to_half_bits(const std::vector<float>& x) {
+  std::vector<uint16_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = float_to_half(x[i]);
+  return h;
+}
+
+Tensor upload_f32(const std::vector<float>& x, const Shape& shape, Device dev) {
+  Tensor t = Tensor::empty(shape, DType::F32, dev);
+  if (!x.empty()) detail::cuda_memcpy_h2d(t.data(), x.data(), x.size() * sizeof(float), dev);
+  return t;
+}
+
+Tensor upload_u16(const std::vector<uint16_t>& x, const Shape& shape, Device dev) {
+  Tensor t = Tensor::empty(shape, DType::U16, dev);
+  if (!x.empty()) detail::cuda_memcpy_h2d(t.data(), x.data(), x.size() * sizeof(uint16_t), dev);
+  return t;
+}
+
+/// An owning U8 device buffer of `bytes` plus slack (the kernels read whole words past a row
+/// end and L2 prefetches round ranges up to 16 bytes).
+Tensor code_buffer(int64_t bytes, Device dev) {
+  Tensor t = Tensor::empty({bytes + 256}, DType::U8, dev);
+  detail::cuda_memset(t.data(), 0, size_t(bytes + 256), dev);
+  return t;
+}
+
+int sm_count(int dev) {
+  int n = 0;
+  VQ_CU(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+  return n;
+}
+
+// ------------------------------------------------------------------------------------------
+// What both caches share: lengths, stream, plan, workspace, the attention runner.
+// ------------------------------------------------------------------------------------------
+class CudaCacheBase : public CudaKVCache {
+ public:
+  explicit CudaCacheBase(const KVCacheConfig& c) : config_(c) {
+    VQ_CHECK_VALUE(c.device.is_cuda(), "CUDA cache: config.device must be a CUDA device, got " << device_name(c.device));
+    VQ_CHECK_T(detail::cuda_available(), CudaError, "CUDA cache: no CUDA device is present");
+    int n = 0;
+    VQ_CU(cudaGetDeviceCount(&n));
+    VQ_CHECK_VALUE(c.device.index >= 0 && c.device.index < n,
+                   "CUDA cache: device " << device_name(c.device) << " does not exist (" << n << " devices)");
+    device_ = c.device;
+    stream_ = c.stream;
+    DeviceGuard g(device_.index);
+    n_sms_ = sm_count(device_.index);
+    err_ = Tensor::zeros({1}, DType::I32, device_);
+    chk_ = Tensor::zeros({1}, DType::I32, device_);
+    done_ = Tensor::zeros({1}, DType::I32, device_);
+  }
+
+  const KVCacheConfig& config() const override { return config_; }
+  int64_t offset() const override {
+    int64_t m = 0;
+    for (int64_t l : lens_) m = std::max(m, l);
+    return m;
+  }
+  void synchronize() const override {
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+  }
+  bool device_error() override {
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    int32_t e = 0;
+    VQ_CU(cudaMemcpy(&e, err_.data(), 4, cudaMemcpyDeviceToHost));
+    if (e) VQ_CU(cudaMemset(err_.data(), 0, 4));
+    return e != 0;
+  }
+  int32_t* device_seq_lens() const override { return len_.defined() ? len_.ptr<int32_t>() : nullptr; }
+  void sync_seq_lens() override {
+    if (!len_.defined()) return;
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    std::vector<int32_t> l(static_cast<size_t>(batch_)), r(static_cast<size_t>(batch_));
+    VQ_CU(cudaMemcpy(l.data(), len_.data(), l.size() * 4, cudaMemcpyDeviceToHost));
+    if (rc_.defined()) VQ_CU(cudaMemcpy(r.data(), rc_.data(), r.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t b = 0; b < batch_; ++b) {
+      lens_[size_t(b)] = l[size_t(b)];
+      if (rc_.defined()) rch_[size_t(b)] = r[size_t(b)];
+    }
+  }
+
+  void plan_decode(int n_heads, int q_len, int64_t typical_len) override {
+    VQ_CHECK_VALUE(batch_ > 0 && n_kv_heads_ > 0,
+                   "plan_decode: batch and n_kv_heads are unknown (update or reserve first)");
+    VQ_CHECK_VALUE(n_heads > 0 && n_heads % n_kv_heads_ == 0,
+                   "plan_decode: n_heads=" << n_heads << " is not a positive multiple of n_kv_heads=" << n_kv_heads_);
+    VQ_CHECK_VALUE(q_len >= 1 && q_len <= 16, "plan_decode: q_len must be in 1..16, got " << q_len);
+    DeviceGuard g(device_.index);
+    Plan p = make_plan(n_heads, q_len, typical_len);
+    ensure_workspace(p);
+    plan_ = p;
+  }
+
+  bool is_trimmable() const override { return true; }
+
+ protected:
+  struct Plan {
+    int n_heads = 0, q_len = 0, nt = 1, row_chunks = 1, splits = 1;
+    cuda::AttnConfigKey key{};
+    bool valid = false;
+  };
+
+  virtual cuda::AttnConfigKey attn_key(int nt) const = 0;
+  /// Fills the cache-specific parts of the attention parameters (codes, window, lengths).
+  virtual void fill_attn(cuda::AttnParams& p) const = 0;
+
+  Plan make_plan(int n_heads, int q_len, int64_t typical_len) const {
+    Plan p;
+    const int G = n_heads / n_kv_heads_, D = config_.head_dim;
+    const int rows = G * q_len;
+    p.n_heads = n_heads;
+    p.q_len = q_len;
+    p.nt = (rows > 8 && D <= 128) ? 2 : 1;
+    p.row_chunks = (rows + 8 * p.nt - 1) / (8 * p.nt);
+    p.key = attn_key(p.nt);
+    const int bps = cuda::attn_blocks_per_sm(p.key, device_.index);
+    p.splits = cuda::plan_splits(int(batch_ * n_kv_heads_ * p.row_chunks), typical_len, n_sms_, bps);
+    p.valid = true;
+    return p;
+  }
+
+  void ensure_workspace(const Plan& p) {
+    const int64_t segs = batch_ * n_kv_heads_ * p.row_chunks;
+    const int64_t rows = 8 * p.nt;
+    if (p.splits > 1) {
+      const int64_t no = segs * p.splits * rows * config_.head_dim, nml = segs * p.splits * rows * 2;
+      if (!ws_o_.defined() || ws_o_.numel() < no) ws_o_ = Tensor::empty({no}, DType::F32, device_);
+      if (!ws_ml_.defined() || ws_ml_.numel() < nml) ws_ml_ = Tensor::empty({nml}, DType::F32, device_);
+    }
+    if (!counters_.defined() || counters_.numel() < segs) counters_ = Tensor::zeros({segs}, DType::I32, device_);
+  }
+
+  void check_queries(const TensorView& q, const char* who) const {
+    check_float4d(q, "queries", q.device);
+    VQ_CHECK_VALUE(n_kv_heads_ > 0 && batch_ > 0,
+                   who << ": the cache has never been updated (batch and n_kv_heads unknown)");
+    VQ_CHECK_SHAPE(q.shape[0] == batch_ && q.shape[3] == config_.head_dim && q.shape[1] > 0 &&
+                       q.shape[1] % n_kv_heads_ == 0,
+                   who << ": queries: expected [batch=" << batch_ << ", n_heads (a multiple of n_kv_heads="
+                       << n_kv_heads_ << "), q_len, head_dim=" << config_.head_dim << "], got "
+                       << q.shape_string());
+  }
+
+  /// Attention of device queries q into device out, in chunks of at most 16 queries. n_new:
+  /// tokens appended on the device since the host lengths (decode step); advance: the last
+  /// launch advances the device lengths. plan: use plan_ (no allocation) or plan per call.
+  void run_attention(const TensorView& q, const TensorView& out, const SdpaParams& sp, int n_new, bool advance,
+                     bool use_plan) {
+    const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
+    const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
+    for (int c0 = 0; c0 < Q; c0 += 16) {
+      const int nq = std::min(16, Q - c0);
+      Plan pl;
+      if (use_plan) {
+        pl = plan_;
+      } else {
+        pl = make_plan(H, nq, offset());
+        ensure_workspace(pl);
+      }
+      cuda::AttnParams p;
+      p.batch = int(batch_);
+      p.n_heads = H;
+      p.n_kv_heads = n_kv_heads_;
+      p.head_dim = D;
+      p.q_len = nq;
+      p.q_tail = Q - c0;
+      p.q = dev4(q);
+      p.q.data = static_cast<const char*>(q.data) + int64_t(c0) * q.strides[2] * dtype_size(q.dtype);
+      p.out = static_cast<char*>(out.data) + int64_t(c0) * out.strides[2] * dtype_size(out.dtype);
+      p.out_dtype = out.dtype;
+      for (int i = 0; i < 4; ++i) p.out_stride[i] = out.strides[i];
+      p.scale_log2 = scale * 1.4426950408889634f;
+      p.causal = sp.causal ? 1 : 0;
+      p.sliding_window = sp.sliding_window;
+      p.n_splits = pl.splits;
+      p.n_row_chunks = pl.row_chunks;
+      p.rows_per_chunk = 8 * pl.nt;
+      p.ws_o = ws_o_.defined() ? ws_o_.ptr<float>() : nullptr;
+      p.ws_ml = ws_ml_.defined() ? ws_ml_.ptr<float>() : nullptr;
+      p.counters = counters_.ptr<int>();
+      p.done_counter = done_.ptr<int>();
+      p.n_new = n_new;
+      p.advance = (advance && c0 + nq == Q) ? 1 : 0;
+      fill_attn(p);
+      cuda::attn_launch(pl.key, p, stream_);
+    }
+  }
+
+  void set_lengths_host(const std::vector<int64_t>& lens, const std::vector<int64_t>& rcs) {
+    std::vector<int32_t> l(lens.begin(), lens.end()), r(rcs.begin(), rcs.end());
+    VQ_CU(cudaMemcpyAsync(len_.data(), l.data(), l.size() * 4, cudaMemcpyHostToDevice, cs(stream_)));
+    if (rc_.defined()) VQ_CU(cudaMemcpyAsync(rc_.data(), r.data(), r.size() * 4, cudaMemcpyHostToDevice, cs(stream_)));
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));  // the host vectors die here
+    lens_ = lens;
+    rch_ = rcs;
+  }
+
+  bool uniform() const {
+    for (int64_t l : lens_)
+      if (l != lens_[0]) return false;
+    return true;
+  }
+  void require_uniform(const char* who) const {
+    VQ_CHECK_T(uniform(), UnsupportedError,
+               who << ": the sequences of the batch hold different numbers of tokens (ragged batch)");
+  }
+
+  /// Validates keys/values of an update like the CPU caches (shapes, finite values within the
+  /// storage range); returns n_new. Any device or the CPU; the range check runs where they live.
+  int64_t check_update(const TensorView& keys, const TensorView& values, const char* who) const {
+    check_float4d(keys, "keys", keys.device);
+    check_float4d(values, "values", values.device);
+    VQ_CHECK_SHAPE(keys.sizes() == values.sizes(),
+                   who << ": keys " << keys.shape_string() << " and values " << values.shape_string() << " differ");
+    VQ_CHECK_SHAPE(keys.shape[3] == config_.head_dim,
+                   who << ": keys: expected [batch, n_kv_heads, n_new, head_dim=" << config_.head_dim << "], got "
+                       << keys.shape_string());
+    VQ_CHECK_SHAPE(keys.shape[0] > 0 && keys.shape[1] > 0,
+                   who << ": keys: batch and n_kv_heads must be > 0, got " << keys.shape_string());
+    if (n_kv_heads_ > 0)
+      VQ_CHECK_SHAPE(keys.shape[1] == n_kv_heads_, who << ": keys: expected n_kv_heads=" << n_kv_heads_ << ", got "
+                                                       << keys.shape_string());
+    if (batch_ > 0)
+      VQ_CHECK_SHAPE(keys.shape[0] == batch_,
+                     who << ": keys: expected batch=" << batch_ << ", got " << keys.shape_string());
+    VQ_CHECK_SHAPE(keys.device == device_ || keys.device.is_cpu(),
+                   who << ": keys on " << device_name(keys.device) << ", the cache lives on " << device_name(device_));
+    VQ_CHECK_SHAPE(values.device == keys.device, who << ": keys and values on different devices");
+    const float lim = config_.storage_dtype == DType::F16 ? 65504.0f : 3.3895314e38f;
+    for (const TensorView* t : {&keys, &values}) {
+      const char* name = t == &keys ? "keys" : "values";
+      if (t->device.is_cpu()) {
+        const Tensor f = Tensor::to_f32(*t);
+        const float* x = f.ptr<float>();
+        for (int64_t i = 0; i < f.numel(); ++i)
+          VQ_CHECK_VALUE(std::fabs(x[i]) <= lim, who << ": " << name << " element " << i << " is " << x[i]
+                                                     << ": must be finite and within +-" << lim << " ("
+                                                     << dtype_name(config_.storage_dtype) << " storage)");
+      } else {
+        int32_t bad = 0;
+        VQ_CU(cudaMemsetAsync(chk_.data(), 0, 4, cs(stream_)));
+        cuda::check_range_launch(dev4(*t), t->shape[0], t->shape[1], t->shape[2], t->shape[3], lim,
+                                 chk_.ptr<int>(), stream_);
+        VQ_CU(cudaMemcpyAsync(&bad, chk_.data(), 4, cudaMemcpyDeviceToHost, cs(stream_)));
+        VQ_CU(cudaStreamSynchronize(cs(stream_)));
+        VQ_CHECK_VALUE(!bad, who << ": " << name << " " << t->shape_string()
+                                 << " hold a non-finite value or one beyond +-" << lim << " ("
+                                 << dtype_name(config_.storage_dtype) << " storage)");
+      }
+    }
+    return keys.shape[2];
+  }
+
+  /// Shape checks of decode_step (host only, no device work).
+  void check_step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out) const {
+    VQ_CHECK_VALUE(plan_.valid, "decode_step: call plan_decode first");
+    for (const TensorView* t : {&q, &k, &v, &out})
+      VQ_CHECK_SHAPE(t->ndim == 4 && t->device == device_ && dtype_is_float(t->dtype),
+                     "decode_step: q, k_new, v_new and out must be rank-4 float tensors on "
+                         << device_name(device_) << ", got " << t->shape_string() << " on "
+                         << device_name(t->device));
+    VQ_CHECK_SHAPE(q.shape[0] == batch_ && q.shape[1] == plan_.n_heads && q.shape[2] == plan_.q_len &&
+                       q.shape[3] == config_.head_dim,
+                   "decode_step: q: expected [batch=" << batch_ << ", n_heads=" << plan_.n_heads
+                                                      << ", q_len=" << plan_.q_len << ", head_dim=" << config_.head_dim
+                                                      << "] (as planned), got " << q.shape_string());
+    VQ_CHECK_SHAPE(out.sizes() == q.sizes(),
+                   "decode_step: out " << out.shape_string() << " must match q " << q.shape_string());
+    const Shape kv{batch_, n_kv_heads_, plan_.q_len, config_.head_dim};
+    VQ_CHECK_SHAPE(k.sizes() == kv && v.sizes() == kv, "decode_step: k_new/v_new: expected "
+                                                           << shape_str(kv) << ", got " << k.shape_string()
+                                                           << " and " << v.shape_string());
+    for (int64_t l : lens_)
+      VQ_CHECK_VALUE(l + plan_.q_len <= capacity_,
+                     "decode_step: a sequence of " << l << " tokens plus " << plan_.q_len
+                                                   << " does not fit the capacity " << capacity_ << " (reserve more)");
+  }
+
+  void ensure_length_arrays(int64_t B, bool with_rc) {
+    if (len_.defined()) return;
+    len_ = Tensor::zeros({B}, DType::I32, device_);
+    if (with_rc) rc_ = Tensor::zeros({B}, DType::I32, device_);
+    lens_.assign(size_t(B), 0);
+    rch_.assign(size_t(B), 0);
+  }
+
+  int64_t nbytes_common() const {
+    int64_t n = 0;
+    for (const Tensor* t : {&len_, &rc_, &err_, &chk_, &done_, &counters_, &ws_o_, &ws_ml_})
+      if (t->defined()) n += t->nbytes();
+    return n;
+  }
+
+  KVCacheConfig config_;
+  Plan plan_;
+  int n_sms_ = 1;
+  std::vector<int64_t> rch_;  // host mirror of res_count
+  Tensor len_, rc_, err_, chk_, done_, counters_, ws_o_, ws_ml_;
+};
+
+// ------------------------------------------------------------------------------------------
+// FP16 baseline on the device.
+// ------------------------------------------------------------------------------------------
+class CudaFP16Cache final : public CudaCacheBase {
+ public:
+  explicit CudaFP16Cache(const KVCacheConfig& c) : CudaCacheBase(c) {
+    config_.kind = CacheKind::FP16;
+    config_.validate();
+    VQ_CHECK_T(config_.head_dim == 64 || config_.head_dim == 128 || config_.head_dim == 256, UnsupportedError,
+               "CUDA FP16 cache: head_dim " << config_.head_dim << " is not supported (64, 128, 256)");
+    n_kv_heads_ = config_.n_kv_heads;
+  }
+
+  std::pair<Tensor, Tensor> update_and_fetch(const TensorView& keys, const TensorView& values) override {
+    update(keys, values);
+    return {fetch(held_k_, keys.device), fetch(held_v_, keys.device)};
+  }
+
+  void update(const TensorView& keys, const TensorView& values) override {
+    DeviceGuard g(device_.index);
+    const int64_t n = check_update(keys, values, "KVCache::update (cuda)");
+    const int64_t B = keys.shape[0], H = keys.shape[1];
+    const Staged sk = stage(keys, device_, "keys"), sv = stage(values, device_, "values");
+    if (batch_ == 0) {
+      batch_ = B;
+      n_kv_heads_ = int(H);
+      config_.n_kv_heads = int(H);
+      ensure_length_arrays(B, false);
+    }
+    grow_to(offset() + n);
+    const int bf = config_.storage_dtype == DType::BF16;
+    cuda::append_rows_launch(dev4(sk.view), int(B), int(H), int(n), config_.head_dim, held_k_.data(), bf, capacity_,
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+    cuda::append_rows_launch(dev4(sv.view), int(B), int(H), int(n), config_.head_dim, held_v_.data(), bf, capacity_,
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+    cuda::advance_lengths_launch(len_.ptr<int32_t>(), nullptr, int(B), int(n), 0, stream_);
+    for (auto& l : lens_) l += n;
+    if (sk.keep.defined() || sv.keep.defined()) synchronize();
+  }
+
+  Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
+    Tensor out = Tensor::empty(queries.sizes(), queries.dtype, queries.device);
+    fused_sdpa_into(queries, out.view(), params);
+    return out;
+  }
+
+  void fused_sdpa_into(const TensorView& queries, const TensorView& out, const SdpaParams& params) const override {
+    auto* self = const_cast<CudaFP16Cache*>(this);
+    DeviceGuard g(device_.index);
+    detail::check_sdpa_params(params);
+    check_queries(queries, "KVCache::fused_sdpa (cuda)");
+    VQ_CHECK_SHAPE(out.sizes() == queries.sizes(), "fused_sdpa: out " << out.shape_string() << " must match queries "
+                                                                      << queries.shape_string());
+    VQ_CHECK_VALUE(!params.causal || queries.shape[2] <= offset(),
+                   "fused_sdpa: causal attention of " << queries.shape[2] << " queries over " << offset() << " tokens");
+    const Staged sq = stage(queries, device_, "queries");
+    Tensor dout;
+    TensorView o = out;
+    if (out.device != device_) {
+      dout = Tensor::empty(out.sizes(), out.dtype, device_);
+      o = dout.view();
+    }
+    self->run_attention(sq.view, o, params, 0, false, false);
+    if (dout.defined()) {
+      synchronize();
+      Tensor host = Tensor::copy_of(dout.view());
+      copy_into(host.view(), out);
+    }
+  }
+
+  void decode_step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const SdpaParams& params) override {
+    DeviceGuard g(device_.index);
+    check_step(q, k, v, out);
+    const int n = plan_.q_len;
+    const int bf = config_.storage_dtype == DType::BF16;
+    cuda::append_rows_launch(dev4(k), int(batch_), n_kv_heads_, n, config_.head_dim, held_k_.data(), bf, capacity_,
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+    cuda::append_rows_launch(dev4(v), int(batch_), n_kv_heads_, n, config_.head_dim, held_v_.data(), bf, capacity_,
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+    run_attention(q, out, params, n, true, true);
+    for (auto& l : lens_) l += n;
+  }
+
+  void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
+                       const SdpaParams& params) override {
+    const int64_t D = config_.head_dim;
+    decode_step(TensorView(const_cast<void*>(q), dt, {batch_, n_heads, q_len, D}, device_),
+                TensorView(const_cast<void*>(k), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(const_cast<void*>(v), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(out, dt, {batch_, n_heads, q_len, D}, device_), params);
+  }
+
+  void reserve(int64_t max_tokens, int64_t batch) override {
+    DeviceGuard g(device_.index);
+    if (batch_ == 0) {
+      VQ_CHECK_VALUE(batch > 0 && n_kv_heads_ > 0,
+                     "reserve: batch and n_kv_heads are unknown (give batch, and n_kv_heads in the config)");
+      batch_ = batch;
+      ensure_length_arrays(batch, false);
+    }
+    grow_to(max_tokens);
+  }
+
+  void set_seq_lens(const std::vector<int64_t>& lens) override {
+    VQ_CHECK_SHAPE(int64_t(lens.size()) == batch_, "set_seq_lens: expected " << batch_ << " lengths, got "
+                                                                             << lens.size());
+    for (size_t b = 0; b < lens.size(); ++b)
+      VQ_CHECK_VALUE(lens[b] >= 0 && lens[b] <= lens_[b],
+                     "set_seq_lens: sequence " << b << " holds " << lens_[b] << " tokens; cannot set " << lens[b]);
+    DeviceGuard g(device_.index);
+    set_lengths_host(lens, std::vector<int64_t>(lens.size(), 0));
+  }
+
+  int64_t trim(int64_t n) override {
+    VQ_CHECK_VALUE(n >= 0, "KVCache::trim: n must be >= 0, got " << n);
+    if (batch_ == 0) return 0;
+    std::vector<int64_t> l = lens_;
+    int64_t k = 0;
+    for (auto& x : l) {
+      const int64_t d = std::min(n, x);
+      x -= d;
+      k = std::max(k, d);
+    }
+    DeviceGuard g(device_.index);
+    set_lengths_host(l, std::vector<int64_t>(l.size(), 0));
+    return k;
+  }
+
+  CacheState state() const override {
+    CacheState s;
+    if (batch_ == 0 || offset() == 0) return s;
+    require_uniform("KVCache::state (cuda)");
+    s.emplace_back("keys", fetch(held_k_, Device::cpu()));
+    s.emplace_back("values", fetch(held_v_, Device::cpu()));
+    return s;
+  }
+  CacheMetaState meta_state() const override {
+    return {{"class", class_name()},
+            {"offset", std::to_string(offset())},
+            {"head_dim", std::to_string(config_.head_dim)},
+            {"n_kv_heads", std::to_string(n_kv_heads_)},
+            {"batch", std::to_string(batch_)},
+            {"storage_dtype", dtype_name(config_.storage_dtype)},
+            {"step", std::to_string(config_.step)},
+            {"capacity", std::to_string(capacity_)}};
+  }
+  void set_state(const CacheState& s) override { restore(s, meta_state()); }
+  void set_meta_state(const CacheMetaState& m) override { restore(state(), m); }
+  void restore(const CacheState& state_in, const CacheMetaState& meta) override {
+    // The CPU cache validates everything (shapes, dtypes, meta) first, on CPU copies.
+    CacheState state;
+    for (const auto& [name, t] : state_in) state.emplace_back(name, t.device().is_cpu() ? t : Tensor::copy_of(t.view()));
+    std::unique_ptr<FP16KVCache> cpu = FP16KVCache::from_state(state, meta);
+    DeviceGuard g(device_.index);
+    const int64_t B = cpu->batch(), H = cpu->n_kv_heads(), off = cpu->offset();
+    const KVCacheConfig& c = cpu->config();
+    const int64_t cap = B > 0 ? std::max(cpu->capacity(), c.step) : 0;
+    Tensor nk, nv, nl;
+    if (B > 0) {
+      nk = Tensor::empty({B, H, cap, c.head_dim}, c.storage_dtype, device_);
+      nv = Tensor::empty({B, H, cap, c.head_dim}, c.storage_dtype, device_);
+      nl = Tensor::zeros({B}, DType::I32, device_);
+      const size_t row = size_t(c.head_dim) * dtype_size(c.storage_dtype);
+      if (off > 0) {
+        const Tensor* k = detail::state_find(state, "keys");
+        const Tensor* v = detail::state_find(state, "values");
+        copy_rows_2d(nk.data(), row, cap, 0, k->data(), row, off, 0, B * H, off, row, cudaMemcpyHostToDevice,
+                     cs(stream_));
+        copy_rows_2d(nv.data(), row, cap, 0, v->data(), row, off, 0, B * H, off, row, cudaMemcpyHostToDevice,
+                     cs(stream_));
+      }
+      std::vector<int32_t> l(static_cast<size_t>(B), static_cast<int32_t>(off));
+      VQ_CU(cudaMemcpyAsync(nl.data(), l.data(), l.size() * 4, cudaMemcpyHostToDevice, cs(stream_)));
+      VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    }
+    // commit
+    KVCacheConfig nc = c;
+    nc.device = device_;
+    nc.stream = stream_;
+    config_ = nc;
+    held_k_ = nk;
+    held_v_ = nv;
+    len_ = nl;
+    capacity_ = cap;
+    batch_ = B;
+    n_kv_heads_ = int(H);
+    lens_.assign(size_t(B), off);
+    rch_.assign(size_t(B), 0);
+    plan_ = Plan{};
+  }
+
+  int64_t nbytes() const override {
+    int64_t n = nbytes_common();
+    for (const Tensor* t : {&held_k_, &held_v_})
+      if (t->defined()) n += t->nbytes();
+    return n;
+  }
+  std::string class_name() const override { return "KVCache"; }
+  std::string describe() const override {
+    std::ostringstream o;
+    o << "KVCache (cuda " << device_name(device_) << ") " << dtype_name(config_.storage_dtype) << " [batch=" << batch_
+      << ", n_kv_heads=" << n_kv_heads_ << ", head_dim=" << config_.head_dim << "], " << offset() << " tokens, "
+      << nbytes() << " bytes";
+    return o.str();
+  }
+
+ protected:
+  cuda::AttnConfigKey attn_key(int nt) const override { return {config_.head_dim, 4, 8, 4, 8, nt}; }
+  void fill_attn(cuda::AttnParams& p) const override {
+    p.k_win = held_k_.data();
+    p.v_win = held_v_.data();
+    p.win_bf16 = config_.storage_dtype == DType::BF16;
+    p.win_cap = capacity_;
+    p.win_ring = 0;
+    p.win_all = 1;
+    p.seq_len = len_.ptr<int32_t>();
+    p.seq_len_rw = len_.ptr<int32_t>();
+    p.res_count = nullptr;
+    p.res_count_rw = nullptr;
+  }
+
+ private:
+  Tensor fetch(const Tensor& held, Device where) const {
+    require_uniform("KVCache::update_and_fetch (cuda)");
+    const int64_t off = offset(), D = config_.head_dim;
+    const size_t row = size_t(D) * dtype_size(config_.storage_dtype);
+    Tensor t = Tensor::empty({batch_, n_kv_heads_, off, D}, config_.storage_dtype, where.is_cpu() ? where : device_);
+    DeviceGuard g(device_.index);
+    copy_rows_2d(t.data(), row, off, 0, held.data(), row, capacity_, 0, batch_ * n_kv_heads_, off, row,
+                 where.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, cs(stream_));
+    if (where.is_cpu()) synchronize();
+    return t;
+  }
+
+  void grow_to(int64_t needed) {
+    if (needed <= capacity_ && held_k_.defined()) return;
+    const int64_t cap = std::max<int64_t>(round_up(std::max<int64_t>(needed, 1), config_.step), config_.step);
+    const int64_t D = config_.head_dim;
+    Tensor nk = Tensor::empty({batch_, n_kv_heads_, cap, D}, config_.storage_dtype, device_);
+    Tensor nv = Tensor::empty({batch_, n_kv_heads_, cap, D}, config_.storage_dtype, device_);
+    const size_t row = size_t(D) * dtype_size(config_.storage_dtype);
+    const int64_t keep = offset();
+    if (held_k_.defined() && keep > 0) {
+      copy_rows_2d(nk.data(), row, cap, 0, held_k_.data(), row, capacity_, 0, batch_ * n_kv_heads_, keep, row,
+                   cudaMemcpyDeviceToDevice, cs(stream_));
+      copy_rows_2d(nv.data(), row, cap, 0, held_v_.data(), row, capacity_, 0, batch_ * n_kv_heads_, keep, row,
+                   cudaMemcpyDeviceToDevice, cs(stream_));
+      synchronize();
+    }
+    held_k_ = nk;
+    held_v_ = nv;
+    capacity_ = cap;
+  }
+
+  Tensor held_k_, held_v_;
+};
+
+// ------------------------------------------------------------------------------------------
+// VecInfer on the device.
+// ------------------------------------------------------------------------------------------
+class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting {
+ public:
+  explicit CudaVecInferCache(const KVCacheConfig& c) : CudaCacheBase(c) {
+    config_.kind = CacheKind::VecInfer;
+    config_.validate();
+    KVCacheConfig cpu_cfg = config_;
+    cpu_cfg.device = Device::cpu();
+    cpu_cfg.stream = nullptr;
+    cpu_cfg.n_threads = 1;
+    VecInferKVCache proto(cpu_cfg);  // quantizers and transform exactly as the CPU cache builds them
+    init_from(proto.key_quantizer(), proto.value_quantizer(), proto.key_transform(), proto.uses_random_codebooks(),
+              proto.config());
+  }
+
+  std::pair<Tensor, Tensor> update_and_fetch(const TensorView& keys, const TensorView& values) override {
+    if (mode_ == CacheMode::MemoryBound)
+      VQ_THROW(UnsupportedError,
+               "VecInferKVCache::update_and_fetch (cuda): a memory-bound cache holds only codes and the fp16 "
+               "window, so there is no full K/V to fetch; use update() and fused_sdpa() (the cache is unchanged)");
+    update(keys, values);
+    return {fetch_rows(held_k_, keys.device), fetch_rows(held_v_, keys.device)};
+  }
+
+  void update(const TensorView& keys, const TensorView& values) override {
+    DeviceGuard g(device_.index);
+    const int64_t n = check_update(keys, values, "VecInferKVCache::update (cuda)");
+    const int64_t B = keys.shape[0], H = keys.shape[1];
+    const Staged sk = stage(keys, device_, "keys"), sv = stage(values, device_, "values");
+    // allocations first
+    if (batch_ == 0) first_shape(B, H);
+    grow_to(offset() + n);
+    // launches
+    launch_append(dev4(sk.view), dev4(sv.view), int(n), false);
+    cuda::advance_lengths_launch(len_.ptr<int32_t>(), rc_.ptr<int32_t>(), int(B), int(n), config_.residual_length,
+                                 stream_);
+    for (size_t b = 0; b < lens_.size(); ++b) {
+      lens_[b] += n;
+      rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);
+    }
+    if (sk.keep.defined() || sv.keep.defined()) synchronize();
+  }
+
+  Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
+    Tensor out = Tensor::empty(queries.sizes(), queries.dtype, queries.device);
+    fused_sdpa_into(queries, out.view(), params);
+    return out;
+  }
+
+  void fused_sdpa_into(const TensorView& queries, const TensorView& out, const SdpaParams& params) const override {
+    auto* self = const_cast<CudaVecInferCache*>(this);
+    DeviceGuard g(device_.index);
+    check_queries(queries, "VecInferKVCache::fused_sdpa (cuda)");
+    VQ_CHECK_SHAPE(out.sizes() == queries.sizes(), "fused_sdpa: out " << out.shape_string() << " must match queries "
+                                                                      << queries.shape_string());
+    VQ_CHECK_VALUE(offset() <= config_.fused_sdpa_max_ctx,
+                   "VecInferKVCache::fused_sdpa: context of " << offset() << " tokens exceeds fused_sdpa_max_ctx="
+                                                              << config_.fused_sdpa_max_ctx);
+    detail::check_sdpa_params(params);
+    VQ_CHECK_VALUE(!params.causal || queries.shape[2] <= offset(),
+                   "fused_sdpa: causal attention of " << queries.shape[2] << " queries over " << offset() << " tokens");
+    const Staged sq = stage(queries, device_, "queries");
+    Tensor dout;
+    TensorView o = out;
+    if (out.device != device_) {
+      dout = Tensor::empty(out.sizes(), out.dtype, device_);
+      o = dout.view();
+    }
+    self->run_attention(sq.view, o, params, 0, false, false);
+    if (dout.defined()) {
+      synchronize();
+      Tensor host = Tensor::copy_of(dout.view());
+      copy_into(host.view(), out);
+    }
+  }
+
+  void decode_step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+                   const SdpaParams& params) override {
+    DeviceGuard g(device_.index);
+    check_step(q, k, v, out);
+    const int n = plan_.q_len;
+    launch_append(dev4(k), dev4(v), n, true);
+    run_attention(q, out, params, n, true, true);
+    for (size_t b = 0; b < lens_.size(); ++b) {
+      lens_[b] += n;
+      rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);
+    }
+  }
+
+  void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
+                       const SdpaParams& params) override {
+    const int64_t D = config_.head_dim;
+    decode_step(TensorView(const_cast<void*>(q), dt, {batch_, n_heads, q_len, D}, device_),
+                TensorView(const_cast<void*>(k), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(const_cast<void*>(v), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(out, dt, {batch_, n_heads, q_len, D}, device_), params);
+  }
+
+  void reserve(int64_t max_tokens, int64_t batch) override {
+    DeviceGuard g(device_.index);
+    if (batch_ == 0) {
+      VQ_CHECK_VALUE(batch > 0 && n_kv_heads_ > 0,
+                     "reserve: batch and n_kv_heads are unknown (give batch, and n_kv_heads in the config)");
+      first_shape(batch, n_kv_heads_);
+    }
+    grow_to(max_tokens);
+  }
+
+  void set_seq_lens(const std::vector<int64_t>& lens) override {
+    VQ_CHECK_SHAPE(int64_t(lens.size()) == batch_, "set_seq_lens: expected " << batch_ << " lengths, got "
+                                                                             << lens.size());
+    std::vector<int64_t> rc = rch_;
+    for (size_t b = 0; b < lens.size(); ++b) {
+      VQ_CHECK_VALUE(lens[b] >= 0 && lens[b] <= lens_[b],
+                     "set_seq_lens: sequence " << b << " holds " << lens_[b] << " tokens; cannot set " << lens[b]);
+      rc[b] = std::max<int64_t>(0, rc[b] - (lens_[b] - lens[b]));
+    }
+    DeviceGuard g(device_.index);
+    set_lengths_host(lens, rc);
+  }
+
+  int64_t trim(int64_t n) override {
+    VQ_CHECK_VALUE(n >= 0, "VecInferKVCache::trim: n must be >= 0, got " << n);
+    if (batch_ == 0) return 0;
+    std::vector<int64_t> l = lens_, rc = rch_;
+    int64_t k = 0;
+    for (size_t b = 0; b < l.size(); ++b) {
+      const int64_t d = std::min(n, l[b]);
+      l[b] -= d;
+      rc[b] = std::max<int64_t>(0, rc[b] - d);
+      k = std::max(k, d);
+    }
+    DeviceGuard g(device_.index);
+    set_lengths_host(l, rc);
+    return k;
+  }
+
+  // ---- state -----------------------------------------------------------------------------
+  CacheState state() const override {
+    CacheState s;
+    const int64_t D = config_.head_dim, R = config_.residual_length;
+    const int64_t off = offset(), rc = rch_.empty() ? 0 : rch_[0];
+    if (batch_ > 0) {
+      require_uniform("VecInferKVCache::state (cuda)");
+      for (int64_t r : rch_)
+        VQ_CHECK_T(r == rc, UnsupportedError, "VecInferKVCache::state (cuda): window counts differ across the batch");
+      DeviceGuard g(device_.index);
+      synchronize();
+      const int64_t nbh = batch_ * n_kv_heads_;
+      if (mode_ != CacheMode::Standard && off > 0) {
+        s.emplace_back("key_codes", download_codes(codes_k_, k_rs_, key_pq_.code_bytes, capacity_, 0, off, false));
+        s.emplace_back("value_codes", download_codes(codes_v_, v_rs_, value_pq_.code_bytes, capacity_, 0, off, false));
+      }
+      if (mode_ == CacheMode::Standard && rc > 0) {
+        s.emplace_back("pending_key_codes", download_codes(pend_k_, k_rs_, key_pq_.code_bytes, R, off - rc, rc, true));
+        s.emplace_back("pending_value_codes",
+                       download_codes(pend_v_, v_rs_, value_pq_.code_bytes, R, off - rc, rc, true));
+      }
+      if (mode_ != CacheMode::MemoryBound && off > 0) {
+        s.emplace_back("keys", fetch_rows(held_k_, Device::cpu()));
+        s.emplace_back("values", fetch_rows(held_v_, Device::cpu()));
+      }
+      if (mode_ == CacheMode::MemoryBound && rc > 0) {
+        s.emplace_back("window_keys", download_ring(ring_k_, R, off - rc, rc));
+        s.emplace_back("window_values", download_ring(ring_v_, R, off - rc, rc));
+      }
+      (void)nbh;
+    }
+    if (n_kv_heads_ > 0) {
+      std::vector<float> lam = transform_.lambda;
+      if (lam.empty()) lam.assign(size_t(n_kv_heads_) * size_t(D), 1.0f);
+      s.emplace_back("smooth_factors", Tensor::from_floats(lam, {n_kv_heads_, D}));
+    }
+    s.emplace_back("key_codebook", Tensor::from_floats(key_pq_.codebook, {key_pq_.n_centroids, key_pq_.sub_dim}));
+    s.emplace_back("value_codebook",
+                   Tensor::from_floats(value_pq_.codebook, {value_pq_.n_centroids, value_pq_.sub_dim}));
+    return s;
+  }
+
+  CacheMetaState meta_state() const override {
+    auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+    return {{"class", class_name()},
+            {"mode", cache_mode_name(mode_)},
+            {"offset", std::to_string(offset())},
+            {"residual_count", std::to_string(rch_.empty() ? 0 : rch_[0])},
+            {"capacity", std::to_string(capacity_)},
+            {"batch", std::to_string(batch_)},
+            {"n_kv_heads", std::to_string(n_kv_heads_)},
+            {"head_dim", std::to_string(config_.head_dim)},
+            {"key_codebook_bits", std::to_string(key_pq_.codebook_bits)},
+            {"value_codebook_bits", std::to_string(value_pq_.codebook_bits)},
+            {"key_sub_dim", std::to_string(key_pq_.sub_dim)},
+            {"value_sub_dim", std::to_string(value_pq_.sub_dim)},
+            {"residual_length", std::to_string(config_.residual_length)},
+            {"storage_dtype", dtype_name(config_.storage_dtype)},
+            {"step", std::to_string(config_.step)},
+            {"fused_sdpa_max_ctx", std::to_string(config_.fused_sdpa_max_ctx)},
+            {"use_hadamard", b(config_.use_hadamard)},
+            {"identity_smooth", b(!transform_.use_smooth || transform_.lambda.empty())},
+            {"random_codebooks", b(random_codebooks_)},
+            {"seed", std::to_string(config_.seed)}};
+  }
+
+  void set_state(const CacheState& s) override {
+    try {
+      restore(s, meta_state());
+      return;
+    } catch (const FormatError&) {
+    }
+    staged_ = std::make_unique<CacheState>(s);  // for the set_meta_state that follows (mlx_lm order)
+  }
+  void set_meta_state(const CacheMetaState& m) override {
+    if (staged_) {
+      const CacheState s = *staged_;
+      restore(s, m);
+      return;
+    }
+    restore(state(), m);
+  }
+
+  void restore(const CacheState& state_in, const CacheMetaState& meta) override {
+    // CPU copies of device tensors, then the CPU cache validates everything.
+    CacheState state;
+    for (const auto& [name, t] : state_in) state.emplace_back(name, t.device().is_cpu() ? t : Tensor::copy_of(t.view()));
+    std::unique_ptr<VecInferKVCache> cpu = VecInferKVCache::from_state(state, meta);
+    DeviceGuard g(device_.index);
+    CudaVecInferCache fresh(*this, *cpu);  // builds every device buffer (may throw: nothing changed)
+    const int64_t B = cpu->batch(), off = cpu->offset(), rc = cpu->residual_count();
+    const CacheMode m = cpu->mode();
+    const int64_t D = fresh.config_.head_dim, R = fresh.config_.residual_length;
+    const int64_t nbh = B * fresh.n_kv_heads_;
+    if (B > 0) {
+      auto up_codes = [&](const char* name, Tensor& dst, int64_t rs, int64_t cb, int64_t rows, bool ring) {
+        const Tensor* t = detail::state_find(state, name);
+        if (!t) return;
+        const int64_t n = t->dim(2);
+        const int64_t p0 = off - n;
+        std::vector<uint8_t> buf(size_t(nbh * rows * rs), 0);
+        for (int64_t bh = 0; bh < nbh; ++bh)
+          for (int64_t i = 0; i < n; ++i) {
+            const int64_t slot = ring ? (p0 + i) % rows : i;
+            std::memcpy(buf.data() + (bh * rows + slot) * rs, t->ptr<uint8_t>() + (bh * n + i) * cb, size_t(cb));
+          }
+        VQ_CU(cudaMemcpyAsync(dst.data(), buf.data(), buf.size(), cudaMemcpyHostToDevice, cs(fresh.stream_)));
+        VQ_CU(cudaStreamSynchronize(cs(fresh.stream_)));
+      };
+      if (m != CacheMode::Standard) {
+        up_codes("key_codes", fresh.codes_k_, fresh.k_rs_, fresh.key_pq_.code_bytes, fresh.capacity_, false);
+        up_codes("value_codes", fresh.codes_v_, fresh.v_rs_, fresh.value_pq_.code_bytes, fresh.capacity_, false);
+      } else if (R > 0) {
+        up_codes("pending_key_codes", fresh.pend_k_, fresh.k_rs_, fresh.key_pq_.code_bytes, R, true);
+        up_codes("pending_value_codes", fresh.pend_v_, fresh.v_rs_, fresh.value_pq_.code_bytes, R, true);
+      }
+      const size_t row = size_t(D) * dtype_size(fresh.config_.storage_dtype);
+      if (m != CacheMode::MemoryBound && off > 0) {
+        const Tensor* k = detail::state_find(state, "keys");
+        const Tensor* v = detail::state_find(state, "values");
+        copy_rows_2d(fresh.held_k_.data(), row, fresh.capacity_, 0, k->data(), row, off, 0, nbh, off, row,
+                     cudaMemcpyHostToDevice, cs(fresh.stream_));
+        copy_rows_2d(fresh.held_v_.data(), row, fresh.capacity_, 0, v->data(), row, off, 0, nbh, off, row,
+                     cudaMemcpyHostToDevice, cs(fresh.stream_));
+      }
+      if (m == CacheMode::MemoryBound && rc > 0) {
+        for (int w = 0; w < 2; ++w) {
+          const Tensor* t = detail::state_find(state, w == 0 ? "window_keys" : "window_values");
+          std::vector<uint8_t> buf(size_t(nbh * R) * row, 0);
+          for (int64_t bh = 0; bh < nbh; ++bh)
+            for (int64_t i = 0; i < rc; ++i)
+              std::memcpy(buf.data() + (bh * R + (off - rc + i) % R) * row, t->ptr<uint8_t>() + (bh * rc + i) * row,
+                          row);
+          VQ_CU(cudaMemcpyAsync((w == 0 ? fresh.ring_k_ : fresh.ring_v_).data(), buf.data(), buf.size(),
+                                cudaMemcpyHostToDevice, cs(fresh.stream_)));
+          VQ_CU(cudaStreamSynchronize(cs(fresh.stream_)));
+        }
+      }
+      fresh.set_lengths_host(std::vector<int64_t>(size_t(B), off), std::vector<int64_t>(size_t(B), rc));
+    }
+    VQ_CU(cudaStreamSynchronize(cs(fresh.stream_)));
+    // commit (no throws below)
+    swap_state(fresh);
+    staged_.reset();
+  }
+
+  // ---- accounting ------------------------------------------------------------------------
+  int64_t compressed_key_bytes() const override {
+    const int64_t n = mode_ == CacheMode::Standard ? (rch_.empty() ? 0 : rch_[0]) : offset();
+    return batch_ * n_kv_heads_ * n * key_pq_.code_bytes;
+  }
+  int64_t compressed_value_bytes() const override {
+    const int64_t n = mode_ == CacheMode::Standard ? (rch_.empty() ? 0 : rch_[0]) : offset();
+    return batch_ * n_kv_heads_ * n * value_pq_.code_bytes;
+  }
+  int64_t fp16_key_bytes() const override {
+    const int64_t n = mode_ == CacheMode::MemoryBound ? (rch_.empty() ? 0 : rch_[0]) : offset();
+    return batch_ * n_kv_heads_ * n * config_.head_dim * dtype_size(config_.storage_dtype);
+  }
+  int64_t fp16_value_bytes() const override { return fp16_key_bytes(); }
+  int64_t codebook_bytes() const override {
+    int64_t n = 0;
+    for (const Tensor* t : {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &lambda_, &inv_lambda_})
+      if (t->defined()) n += t->nbytes();
+    return n;
+  }
+  double assigned_avg_bits() const override {
+    return (key_pq_.spec().bits_per_element() + value_pq_.spec().bits_per_element()) / 2.0;
+  }
+  bool uses_random_codebooks() const override { return random_codebooks_; }
+  CacheMode mode() const override { return mode_; }
+
+  int64_t nbytes() const override {
+    int64_t n = nbytes_common() + codebook_bytes();
+    for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_})
+      if (t->defined()) n += t->nbytes();
+    return n;
+  }
+  std::string class_name() const override { return "VecInferKVCache"; }
+  std::string describe() const override {
+    std::ostringstream o;
+    o << "VecInferKVCache (cuda " << device_name(device_) << ") " << cache_mode_name(mode_) << ": keys "
+      << key_pq_.spec().str() << ", values " << value_pq_.spec().str() << " (" << assigned_avg_bits()
+      << " bits/element assigned), residual " << config_.residual_length << " " << dtype_name(config_.storage_dtype)
+      << " tokens" << (transform_.use_smooth && !transform_.lambda.empty() ? ", smooth" : "")
+      << (config_.use_hadamard ? " + Hadamard" : ", no Hadamard") << " [batch=" << batch_
+      << ", n_kv_heads=" << n_kv_heads_ << ", head_dim=" << config_.head_dim << "], " << offset() << " tokens, "
+      << nbytes() << " bytes";
+    if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
+    return o.str();
+  }
+
+ protected:
+  cuda::AttnConfigKey attn_key(int nt) const override {
+    if (mode_ == CacheMode::Standard) return {config_.head_dim, 4, 8, 4, 8, nt};  // fp16 path over K̂/V̂
+    return {config_.head_dim, key_pq_.sub_dim, key_pq_.codebook_bits, value_pq_.sub_dim, value_pq_.codebook_bits, nt};
+  }
+
+  void fill_attn(cuda::AttnParams& p) const override {
+    p.seq_len = len_.ptr<int32_t>();
+    p.seq_len_rw = len_.ptr<int32_t>();
+    p.res_count = rc_.ptr<int32_t>();
+    p.res_count_rw = rc_.ptr<int32_t>();
+    p.residual_length = config_.residual_length;
+    p.win_bf16 = config_.storage_dtype == DType::BF16;
+    if (mode_ == CacheMode::Standard) {
+      p.k_win = held_k_.data();
+      p.v_win = held_v_.data();
+      p.win_cap = capacity_;
+      p.win_ring = 0;
+      p.win_all = 1;
+      return;
+    }
+    p.k_codes = codes_k_.ptr<uint8_t>();
+    p.v_codes = codes_v_.ptr<uint8_t>();
+    p.code_cap = capacity_;
+    p.k_row_stride = int(k_rs_);
+    p.v_row_stride = int(v_rs_);
+    p.k_cb16 = k_cb16_.ptr<uint16_t>();
+    p.v_cb16 = v_cb16_.ptr<uint16_t>();
+    p.lambda = lambda_.defined() ? lambda_.ptr<float>() : nullptr;
+    p.use_hadamard = config_.use_hadamard ? 1 : 0;
+    p.hadamard_scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+    if (mode_ == CacheMode::Stash) {
+      p.k_win = held_k_.data();
+      p.v_win = held_v_.data();
+      p.win_cap = capacity_;
+      p.win_ring = 0;
+    } else {
+      p.k_win = ring_k_.defined() ? ring_k_.data() : nullptr;
+      p.v_win = ring_v_.defined() ? ring_v_.data() : nullptr;
+      p.win_cap = std::max(config_.residual_length, 1);
+      p.win_ring = 1;
+    }
+  }
+
+ private:
+  /// For restore: a new cache with `like`'s device/stream and `cpu`'s configuration, buffers
+  /// allocated for cpu's batch and capacity, lengths zero (the caller uploads the contents).
+  CudaVecInferCache(const CudaVecInferCache& like, const VecInferKVCache& cpu) : CudaCacheBase(like.config_) {
+    KVCacheConfig c = cpu.config();
+    c.device = like.device_;
+    c.stream = like.stream_;
+    config_ = c;
+    init_from(cpu.key_quantizer(), cpu.value_quantizer(), cpu.key_transform(), cpu.uses_random_codebooks(), c);
+    if (cpu.batch() > 0) {
+      first_shape(cpu.batch(), cpu.n_kv_heads());
+      grow_to(std::max(cpu.capacity(), cpu.offset()));
+    }
+  }
+
+  void init_from(const ProductQuantizer& kp, const ProductQuantizer& vp, const KeyTransform& tf, bool random_cb,
+                 const KVCacheConfig& c) {
+    mode_ = c.mode();
+    key_pq_ = kp;
+    value_pq_ = vp;
+    transform_ = tf;
+    random_codebooks_ = random_cb;
+    const int D = c.head_dim;
+    VQ_CHECK_T(D == 64 || D == 128 || D == 256, UnsupportedError,
+               "CUDA VecInfer cache: head_dim " << D << " is not supported (64, 128, 256)");
+    VQ_CHECK_T((kp.sub_dim == 4 || kp.sub_dim == 8) && (vp.sub_dim == 4 || vp.sub_dim == 8), UnsupportedError,
+               "CUDA VecInfer cache: sub_dim must be 4 or 8 (keys d" << kp.sub_dim << ", values d" << vp.sub_dim
+                                                                     << ")");
+    VQ_CHECK_T(kp.codebook_bits >= 4 && vp.codebook_bits >= 4, UnsupportedError,
+               "CUDA VecInfer cache: codebooks of fewer than 16 centroids are not supported (keys b"
+                   << kp.codebook_bits << ", values b" << vp.codebook_bits << ")");
+    if (mode_ != CacheMode::Standard) {
+      const cuda::AttnConfigKey k1{D, kp.sub_dim, kp.codebook_bits, vp.sub_dim, vp.codebook_bits, 1};
+      VQ_CHECK_T(cuda::attn_config_compiled(k1), UnsupportedError,
+                 "CUDA VecInfer cache: attention for keys " << kp.spec().str() << ", values " << vp.spec().str()
+                                                            << " at head_dim " << D
+                                                            << " is not compiled in (built: "
+                                                            << cuda::attn_compiled_list()
+                                                            << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)");
+    }
+    k_rs_ = round_up(kp.code_bytes, 4);
+    v_rs_ = round_up(vp.code_bytes, 4);
+    k_cb_ = upload_f32(kp.codebook, {kp.n_centroids, kp.sub_dim}, device_);
+    v_cb_ = upload_f32(vp.codebook, {vp.n_centroids, vp.sub_dim}, device_);
+    k_nrm_ = upload_f32(kp.centroid_norms, {kp.n_centroids}, device_);
+    v_nrm_ = upload_f32(vp.centroid_norms, {vp.n_centroids}, device_);
+    k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
+    v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
+    k_cmax_ = v_cmax_ = 0.0f;
+    for (float x : kp.centroid_norms) k_cmax_ = std::max(k_cmax_, std::sqrt(x));
+    for (float x : vp.centroid_norms) v_cmax_ = std::max(v_cmax_, std::sqrt(x));
+    if (tf.n_kv_heads > 0) n_kv_heads_ = tf.n_kv_heads, config_.n_kv_heads = tf.n_kv_heads;
+    config_.key_codebook.reset();
+    config_.value_codebook.reset();
+    config_.smooth_factors.reset();
+    upload_transform();
+  }
+
+  void upload_transform() {
+    lambda_ = Tensor{};
+    inv_lambda_ = Tensor{};
+    if (transform_.n_kv_heads > 0 && transform_.use_smooth && !transform_.lambda.empty()) {
+      lambda_ = upload_f32(transform_.lambda, {transform_.n_kv_heads, transform_.head_dim}, device_);
+      inv_lambda_ = upload_f32(transform_.inv_lambda, {transform_.n_kv_heads, transform_.head_dim}, device_);
+    }
+  }
+
+  /// First update (or reserve): batch and heads known now; transform (identity if none yet),
+  /// per-batch arrays, ring/pending buffers.
+  void first_shape(int64_t B, int64_t H) {
+    if (transform_.n_kv_heads == 0) {
+      transform_ = KeyTransform(int(H), config_.head_dim, {}, config_.use_hadamard);
+      upload_transform();
+    }
+    batch_ = B;
+    n_kv_heads_ = int(H);
+    config_.n_kv_heads = int(H);
+    ensure_length_arrays(B, true);
+    const int64_t R = config_.residual_length;
+    if (R > 0 && mode_ == CacheMode::Standard) {
+      pend_k_ = code_buffer(B * H * R * k_rs_, device_);
+      pend_v_ = code_buffer(B * H * R * v_rs_, device_);
+    }
+    if (R > 0 && mode_ == CacheMode::MemoryBound) {
+      ring_k_ = Tensor::zeros({B, H, R, config_.head_dim}, config_.storage_dtype, device_);
+      ring_v_ = Tensor::zeros({B, H, R, config_.head_dim}, config_.storage_dtype, device_);
+    }
+  }
+
+  void grow_to(int64_t needed) {
+    const bool held = mode_ != CacheMode::MemoryBound, codes = mode_ != CacheMode::Standard;
+    if (needed <= capacity_ && (held ? held_k_.defined() : codes_k_.defined())) return;
+    const int64_t cap = std::max<int64_t>(round_up(std::max<int64_t>(needed, 1), config_.step), config_.step);
+    const int64_t B = batch_, H = n_kv_heads_, D = config_.head_dim, keep = offset();
+    Tensor nk, nv, nck, ncv;
+    if (held) {
+      nk = Tensor::empty({B, H, cap, D}, config_.storage_dtype, device_);
+      nv = Tensor::empty({B, H, cap, D}, config_.storage_dtype, device_);
+    }
+    if (codes) {
+      nck = code_buffer(B * H * cap * k_rs_, device_);
+      ncv = code_buffer(B * H * cap * v_rs_, device_);
+    }
+    if (keep > 0 && capacity_ > 0) {
+      const size_t row = size_t(D) * dtype_size(config_.storage_dtype);
+      if (held) {
+        copy_rows_2d(nk.data(), row, cap, 0, held_k_.data(), row, capacity_, 0, B * H, keep, row,
+                     cudaMemcpyDeviceToDevice, cs(stream_));
+        copy_rows_2d(nv.data(), row, cap, 0, held_v_.data(), row, capacity_, 0, B * H, keep, row,
+                     cudaMemcpyDeviceToDevice, cs(stream_));
+      }
+      if (codes) {
+        copy_rows_2d(nck.data(), k_rs_, cap, 0, codes_k_.data(), k_rs_, capacity_, 0, B * H, keep, k_rs_,
+                     cudaMemcpyDeviceToDevice, cs(stream_));
+        copy_rows_2d(ncv.data(), v_rs_, cap, 0, codes_v_.data(), v_rs_, capacity_, 0, B * H, keep, v_rs_,
+                     cudaMemcpyDeviceToDevice, cs(stream_));
+      }
+      synchronize();
+    }
+    held_k_ = nk;
+    held_v_ = nv;
+    codes_k_ = nck;
+    codes_v_ = ncv;
+    capacity_ = cap;
+  }
+
+  cuda::EncodeParams enc_params(const DevTensor4& k, const DevTensor4& v, int n) const {
+    cuda::EncodeParams e;
+    e.batch = int(batch_);
+    e.n_kv_heads = n_kv_heads_;
+    e.head_dim = config_.head_dim;
+    e.n_new = n;
+    e.k = k;
+    e.v = v;
+    e.inv_lambda = inv_lambda_.defined() ? inv_lambda_.ptr<float>() : nullptr;
+    e.lambda = lambda_.defined() ? lambda_.ptr<float>() : nullptr;
+    e.use_hadamard = config_.use_hadamard ? 1 : 0;
+    e.hadamard_scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+    e.k_cb = k_cb_.ptr<float>();
+    e.v_cb = v_cb_.ptr<float>();
+    e.k_norms = k_nrm_.ptr<float>();
+    e.v_norms = v_nrm_.ptr<float>();
+    e.k_bits = key_pq_.codebook_bits;
+    e.v_bits = value_pq_.codebook_bits;
+    e.k_sub = key_pq_.sub_dim;
+    e.v_sub = value_pq_.sub_dim;
+    e.k_cmax = k_cmax_;
+    e.v_cmax = v_cmax_;
+    e.k_row_stride = int(k_rs_);
+    e.v_row_stride = int(v_rs_);
+    e.win_bf16 = config_.storage_dtype == DType::BF16;
+    e.seq_len = len_.ptr<int32_t>();
+    e.res_count = rc_.ptr<int32_t>();
+    e.residual_length = config_.residual_length;
+    e.error_flag = err_.ptr<int>();
+    const int64_t R = config_.residual_length;
+    switch (mode_) {
+      case CacheMode::Standard:
+        e.k_codes = R > 0 ? pend_k_.ptr<uint8_t>() : nullptr;
+        e.v_codes = R > 0 ? pend_v_.ptr<uint8_t>() : nullptr;
+        e.code_cap = std::max<int64_t>(R, 1);
+        e.codes_ring = 1;
+        e.k_win = held_k_.data();
+        e.v_win = held_v_.data();
+        e.win_cap = capacity_;
+        e.win_ring = 0;
+        e.deq_outside = 1;
+        break;
+      case CacheMode::Stash:
+        e.k_codes = codes_k_.ptr<uint8_t>();
+        e.v_codes = codes_v_.ptr<uint8_t>();
+        e.code_cap = capacity_;
+        e.codes_ring = 0;
+        e.k_win = held_k_.data();
+        e.v_win = held_v_.data();
+        e.win_cap = capacity_;
+        e.win_ring = 0;
+        e.deq_outside = 1;
+        break;
+      case CacheMode::MemoryBound:
+        e.k_codes = codes_k_.ptr<uint8_t>();
+        e.v_codes = codes_v_.ptr<uint8_t>();
+        e.code_cap = capacity_;
+        e.codes_ring = 0;
+        e.k_win = R > 0 ? ring_k_.data() : nullptr;
+        e.v_win = R > 0 ? ring_v_.data() : nullptr;
+        e.win_cap = std::max<int64_t>(R, 1);
+        e.win_ring = 1;
+        e.deq_outside = 0;
+        break;
+    }
+    return e;
+  }
+
+  /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).
+  void launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode) {
+    cuda::EncodeParams e = enc_params(k, v, n);
+    if (mode_ != CacheMode::MemoryBound && config_.residual_length > 0) cuda::evict_launch(e, stream_);
+    cuda::encode_launch(e, decode_mode, stream_);
+  }
+
+  Tensor fetch_rows(const Tensor& held, Device where) const {
+    require_uniform("VecInferKVCache::update_and_fetch (cuda)");
+    const int64_t off = offset(), D = config_.head_dim;
+    const size_t row = size_t(D) * dtype_size(config_.storage_dtype);
+    Tensor t = Tensor::empty({batch_, n_kv_heads_, off, D}, config_.storage_dtype, where.is_cpu() ? where : device_);
+    DeviceGuard g(device_.index);
+    copy_rows_2d(t.data(), row, off, 0, held.data(), row, capacity_, 0, batch_ * n_kv_heads_, off, row,
+                 where.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, cs(stream_));
+    if (where.is_cpu()) synchronize();
+    return t;
+  }
+
+  /// Codes of positions [p0, p0 + n) as U8 [B, H, n, code_bytes] on the CPU (ring: slot p % rows).
+  Tensor download_codes(const Tensor& buf, int64_t rs, int64_t cb, int64_t rows, int64_t p0, int64_t n,
+                        bool ring) const {
+    const int64_t nbh = batch_ * n_kv_heads_;
+    std::vector<uint8_t> all(size_t(nbh * rows * rs));
+    VQ_CU(cudaMemcpy(all.data(), buf.data(), all.size(), cudaMemcpyDeviceToHost));
+    Tensor t = Tensor::empty({batch_, n_kv_heads_, n, cb}, DType::U8);
+    for (int64_t bh = 0; bh < nbh; ++bh)
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t slot = ring ? (p0 + i) % rows : p0 + i;
+        std::memcpy(t.ptr<uint8_t>() + (bh * n + i) * cb, all.data() + (bh * rows + slot) * rs, size_t(cb));
+      }
+    return t;
+  }
+
+  Tensor download_ring(const Tensor& ring, int64_t R, int64_t p0, int64_t n) const {
+    const int64_t nbh = batch_ * n_kv_heads_, D = config_.head_dim;
+    const size_t row = size_t(D) * dtype_size(config_.storage_dtype);
+    std::vector<uint8_t> all(size_t(nbh * R) * row);
+    VQ_CU(cudaMemcpy(all.data(), ring.data(), all.size(), cudaMemcpyDeviceToHost));
+    Tensor t = Tensor::empty({batch_, n_kv_heads_, n, D}, config_.storage_dtype);
+    for (int64_t bh = 0; bh < nbh; ++bh)
+      for (int64_t i = 0; i < n; ++i)
+        std::memcpy(t.ptr<uint8_t>() + (bh * n + i) * row, all.data() + (bh * R + (p0 + i) % R) * row, row);
+    return t;
+  }
+
+  void swap_state(CudaVecInferCache& o) {
+    std::swap(config_, o.config_);
+    std::swap(plan_, o.plan_);
+    std::swap(rch_, o.rch_);
+    std::swap(len_, o.len_);
+    std::swap(rc_, o.rc_);
+    std::swap(counters_, o.counters_);
+    std::swap(ws_o_, o.ws_o_);
+    std::swap(ws_ml_, o.ws_ml_);
+    std::swap(lens_, o.lens_);
+    std::swap(capacity_, o.capacity_);
+    std::swap(batch_, o.batch_);
+    std::swap(n_kv_heads_, o.n_kv_heads_);
+    std::swap(mode_, o.mode_);
+    std::swap(key_pq_, o.key_pq_);
+    std::swap(value_pq_, o.value_pq_);
+    std::swap(transform_, o.transform_);
+    std::swap(random_codebooks_, o.random_codebooks_);
+    std::swap(k_rs_, o.k_rs_);
+    std::swap(v_rs_, o.v_rs_);
+    std::swap(k_cmax_, o.k_cmax_);
+    std::swap(v_cmax_, o.v_cmax_);
+    Tensor* mine[] = {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &lambda_, &inv_lambda_,
+                      &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
+    Tensor* theirs[] = {&o.k_cb_, &o.v_cb_, &o.k_nrm_, &o.v_nrm_, &o.k_cb16_, &o.v_cb16_, &o.lambda_,
+                        &o.inv_lambda_, &o.held_k_, &o.held_v_, &o.codes_k_, &o.codes_v_, &o.pend_k_,
+                        &o.pend_v_, &o.ring_k_, &o.ring_v_};
+    for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); ++i) std::swap(*mine[i], *theirs[i]);
+  }
+
+  CacheMode mode_ = CacheMode::Standard;
+  ProductQuantizer key_pq_, value_pq_;
+  KeyTransform transform_;
+  bool random_codebooks_ = false;
+  int64_t k_rs_ = 4, v_rs_ = 4;
+  float k_cmax_ = 0, v_cmax_ = 0;
+  Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, lambda_, inv_lambda_;
+  Tensor held_k_, held_v_, codes_k_, codes_v_, pend_k_, pend_v_, ring_k_, ring_v_;
+  std::unique_ptr<CacheState> staged_;
+};
+
+}  // namespace
+
+namespace detail {
+std::unique_ptr<KVCache> create_cuda_cache(const KVCacheConfig& config) {
+  config.validate();
+  switch (config.kind) {
+    case CacheKind::FP16: return std::make_unique<CudaFP16Cache>(config);
+    case CacheKind::VecInfer: return std::make_unique<CudaVecInferCache>(config);
+  }
+  VQ_THROW(ValueError, "create_cuda_cache: unknown cache kind " << int(config.kind));
+}
+}  // namespace detail
+
+}  // namespace veloxquant

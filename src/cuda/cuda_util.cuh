@@ -1,0 +1,143 @@
+// src/cuda/cuda_util.cuh — small device helpers shared by the kernels: error checking, float
+// loads/stores by runtime dtype, streaming loads, the fp16 tensor-core MMA and bit extraction.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "veloxquant/dtype.h"
+#include "veloxquant/error.h"
+
+#define VQ_CUDA_CHECK(expr)                                                                       \
+  do {                                                                                            \
+    const cudaError_t vq_err_ = (expr);                                                           \
+    if (vq_err_ != cudaSuccess)                                                                   \
+      VQ_THROW(CudaError, #expr << " failed: " << cudaGetErrorString(vq_err_) << " (" << __FILE__ \
+                                << ":" << __LINE__ << ")");                                      \
+  } while (0)
+
+namespace veloxquant::cuda {
+
+inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// ---- loads and stores by runtime dtype (F32 = 0, F16 = 1, BF16 = 2) -----------------------
+__device__ __forceinline__ float load_f(const void* base, DType dt, int64_t i) {
+  if (dt == DType::F16) return __half2float(static_cast<const __half*>(base)[i]);
+  if (dt == DType::BF16) return __bfloat162float(static_cast<const __nv_bfloat16*>(base)[i]);
+  return static_cast<const float*>(base)[i];
+}
+__device__ __forceinline__ void store_f(void* base, DType dt, int64_t i, float x) {
+  if (dt == DType::F16) static_cast<__half*>(base)[i] = __float2half_rn(x);
+  else if (dt == DType::BF16) static_cast<__nv_bfloat16*>(base)[i] = __float2bfloat16_rn(x);
+  else static_cast<float*>(base)[i] = x;
+}
+/// Rounds to the 16-bit storage type and returns the raw bits.
+__device__ __forceinline__ uint16_t f_to_store16(float x, int bf16) {
+  if (bf16) {
+    __nv_bfloat16 h = __float2bfloat16_rn(x);
+    return *reinterpret_cast<uint16_t*>(&h);
+  }
+  __half h = __float2half_rn(x);
+  return *reinterpret_cast<uint16_t*>(&h);
+}
+__device__ __forceinline__ float store16_to_f(uint16_t v, int bf16) {
+  if (bf16) return __uint_as_float(uint32_t(v) << 16);
+  __half h = *reinterpret_cast<__half*>(&v);
+  return __half2float(h);
+}
+
+// ---- streaming loads: read once, keep out of L1 -------------------------------------------
+__device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
+  uint32_t v;
+  asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint2 ld_stream_u64(const void* p) {
+  uint2 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.b32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_stream_u128(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+/// Asks L2 to fetch [p, p + bytes) ahead of use (sm_90 bulk prefetch; a no-op before).
+/// p and bytes are rounded outward to 16 bytes; the buffers carry slack for that.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t lo = a & ~uintptr_t(15);
+  const uint32_t n = uint32_t(((a + bytes + 15) & ~uintptr_t(15)) - lo);
+  if (n > 0)
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(lo), "r"(n) : "memory");
+#else
+  (void)p;
+  (void)bytes;
+#endif
+}
+
+// ---- fp16 tensor-core MMA: D[16x8] += A[16x16] · B[16x8], fp32 accumulators ---------------
+// Fragment ownership (lane = 4·g + t): a0 = A[g][2t..2t+1], a1 = A[g+8][2t..2t+1],
+// a2 = A[g][2t+8..2t+9], a3 = A[g+8][2t+8..2t+9]; b0 = B[2t..2t+1][g], b1 = B[2t+8..2t+9][g];
+// c0,c1 = C[g][2t..2t+1], c2,c3 = C[g+8][2t..2t+1]. Lower column/row index in the low half.
+__device__ __forceinline__ void mma_f16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                        uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+  __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&h);
+}
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) { return __byte_perm(a, b, sel); }
+
+/// Two bf16 values (one word) to two fp16 values (one word).
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
+  return pack_half2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
+}
+
+// ---- bit extraction from words realigned to the first code's bit ---------------------------
+/// Code i (bits [i·B, i·B + B)) of the little-endian bit stream held in a[].
+template <int B, int I, int NA>
+__device__ __forceinline__ uint32_t extract_code(const uint32_t (&a)[NA]) {
+  constexpr int bit = I * B, w = bit >> 5, o = bit & 31;
+  constexpr uint32_t mask = (B >= 32) ? 0xFFFFFFFFu : ((1u << B) - 1u);
+  if constexpr (B == 8 && (o & 7) == 0) {
+    return __byte_perm(a[w], 0u, 0x4440u | uint32_t(o >> 3));
+  } else if constexpr (o + B <= 32) {
+    return (a[w] >> o) & mask;
+  } else {
+    static_assert(w + 1 < NA, "extract_code: window too small");
+    return __funnelshift_r(a[w], a[w + 1], o) & mask;
+  }
+}
+
+/// Words that one lane must load (from word (l·nbits)/32 on) so that, for every lane
+/// l < n_lanes, the bits [l·nbits, (l+1)·nbits) lie inside.
+constexpr int lane_words(int nbits, int n_lanes) {
+  int m = 0;
+  for (int l = 0; l < n_lanes; ++l) {
+    const int first = (l * nbits) >> 5, last = (l * nbits + nbits - 1) >> 5;
+    m = (last - first + 1) > m ? (last - first + 1) : m;
+  }
+  return m;
+}
+constexpr bool lanes_aligned(int nbits, int n_lanes) {
+  for (int l = 0; l < n_lanes; ++l)
+    if (((l * nbits) & 31) != 0) return false;
+  return true;
+}
+constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x >> 1); }
+
+}  // namespace veloxquant::cuda

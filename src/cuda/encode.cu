@@ -1,0 +1,599 @@
+// src/cuda/encode.cu — the write path: fused encode of new tokens, window eviction and
+// dequantization, fp16 row appends, length updates.
+//
+// Encode computes, for each new token-head (keys and values in separate blocks):
+//   keys   k̃ = FWHT(k ⊙ 1/λ)·(1/sqrt(D))   (A's CPU transform, same butterflies and roundings)
+//   code_m = argmin_c Σ_j (x_m[j] − C[c][j])²   over the f32 codebook, ties to the lowest index
+// then bit-packs the codes (pq.h layout) straight into their rows, writes the exact rows of
+// window tokens (ring or linear slots) and, in the Standard/Stash layouts, the dequantized
+// rows K̂ = (FWHT(Ĉ)·scale) ⊙ λ of tokens that arrive already outside the window.
+//
+// Exactness. The nearest centroid must agree with the CPU oracle (pq_sub_distance_ref). A
+// fast score a_c = ||c||² − 2x·c (d FMAs) ranks the codebook; a proven bound, as in the CPU
+// search (src/cpu/pq_nearest.cpp), limits the candidates to those within
+// 8(2d+5)·u·R² of the best (R = ||x|| + max||c||, u = 2^-24), and the candidates are
+// re-ranked with the oracle's own arithmetic (sub, then mul+add for the first 8·⌊d/8⌋
+// elements and fma for the rest: what the -march=native build of the oracle executes). To
+// keep that cheap the scan tracks the three smallest 16-centroid chunk minima: when the third
+// is still inside the margin the lane falls back to a full oracle scan (rare).
+//
+// Shape. Throughput mode: one warp per job of TPJ token-heads (each lane SPL sub-vectors), the
+// f32 codebook staged in shared memory and read as warp-wide broadcasts. Decode mode (a few
+// tokens): the 8 warps of a block share the job and split the codebook scan, then take the
+// best of the 8 exact answers (ties to the lower slice, i.e. the lower index).
+#include <algorithm>
+#include <cfloat>
+
+#include "cuda/cuda_util.cuh"
+#include "cuda/kernels.h"
+
+namespace veloxquant::cuda {
+
+namespace {
+
+constexpr int kEncWarps = 8;
+
+struct Side {
+  const float* cb;
+  const float* norms;
+  int bits, sub;
+  float cmax;
+  uint8_t* codes;
+  int row_stride;
+  void* win;
+  DevTensor4 src;
+  bool keys;
+};
+
+__device__ __forceinline__ Side side_of(const EncodeParams& p, bool keys) {
+  if (keys) return {p.k_cb, p.k_norms, p.k_bits, p.k_sub, p.k_cmax, p.k_codes, p.k_row_stride, p.k_win, p.k, true};
+  return {p.v_cb, p.v_norms, p.v_bits, p.v_sub, p.v_cmax, p.v_codes, p.v_row_stride, p.v_win, p.v, false};
+}
+
+/// The oracle's distance, reproduced operation for operation.
+template <int SD>
+__device__ __forceinline__ float oracle_dist(const float (&x)[SD], const float* c) {
+  float e = 0.0f;
+  constexpr int d8 = SD & ~7;
+#pragma unroll
+  for (int j = 0; j < SD; ++j) {
+    const float t = __fsub_rn(x[j], c[j]);
+    e = j < d8 ? __fadd_rn(e, __fmul_rn(t, t)) : __fmaf_rn(t, t, e);
+  }
+  return e;
+}
+
+template <int SD>
+__device__ __forceinline__ void load_centroid(const float* cb, int c, float (&v)[SD]) {
+  const float4* q = reinterpret_cast<const float4*>(cb + size_t(c) * SD);
+#pragma unroll
+  for (int j = 0; j < SD / 4; ++j) {
+    const float4 f = q[j];
+    v[4 * j] = f.x, v[4 * j + 1] = f.y, v[4 * j + 2] = f.z, v[4 * j + 3] = f.w;
+  }
+}
+
+/// Exact argmin of the oracle distance over centroids [c0, c1) (ties: lowest index).
+template <int SD>
+__device__ __forceinline__ void oracle_scan(const float (&x)[SD], const float* cb, int c0, int c1, float& best,
+                                            int& code) {
+  for (int c = c0; c < c1; ++c) {
+    float v[SD];
+    load_centroid<SD>(cb, c, v);
+    float e = 0.0f;
+    constexpr int d8 = SD & ~7;
+#pragma unroll
+    for (int j = 0; j < SD; ++j) {
+      const float t = __fsub_rn(x[j], v[j]);
+      e = j < d8 ? __fadd_rn(e, __fmul_rn(t, t)) : __fmaf_rn(t, t, e);
+    }
+    if (e < best || (e == best && c < code)) best = e, code = c;
+  }
+}
+
+/// Searches centroids [cbeg, cend) for the SPL sub-vectors of this lane.
+/// Returns per slot the exact best distance and code within the range.
+template <int SD, int SPL>
+__device__ void search(const float (&x)[SPL][SD], const bool (&live)[SPL], const float* cb, const float* norms,
+                       float cmax, int cbeg, int cend, float (&best)[SPL], int (&code)[SPL]) {
+  float xm2[SPL][SD], m1[SPL], m2[SPL], m3[SPL], margin[SPL];
+  int b1[SPL], b2[SPL];
+  bool slow[SPL];
+#pragma unroll
+  for (int s = 0; s < SPL; ++s) {
+    float n2 = 0.0f;
+    bool finite = true;
+#pragma unroll
+    for (int j = 0; j < SD; ++j) {
+      xm2[s][j] = -2.0f * x[s][j];
+      n2 = fmaf(x[s][j], x[s][j], n2);
+      finite &= isfinite(x[s][j]);
+    }
+    const float r = sqrtf(n2) + cmax;
+    const float r2 = r * r;
+    margin[s] = 8.0f * float(2 * SD + 5) * 5.9604645e-8f * r2 + 1e-30f;
+    slow[s] = !(r2 < 1e36f);
+    m1[s] = m2[s] = m3[s] = INFINITY;
+    b1[s] = b2[s] = cbeg;
+    best[s] = INFINITY;
+    code[s] = finite ? cbeg : 0;
+    if (!finite || !live[s]) slow[s] = false, m3[s] = -INFINITY;  // marks "done" (code set)
+  }
+  const int chunk = (cend - cbeg) < 16 ? (cend - cbeg) : 16;
+  for (int ch = cbeg; ch < cend; ch += chunk) {
+    float cm[SPL];
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) cm[s] = INFINITY;
+#pragma unroll 4
+    for (int c = ch; c < ch + chunk; ++c) {
+      float v[SD];
+      load_centroid<SD>(cb, c, v);
+      const float nc = norms[c];
+#pragma unroll
+      for (int s = 0; s < SPL; ++s) {
+        float d = nc;
+#pragma unroll
+        for (int j = 0; j < SD; ++j) d = fmaf(xm2[s][j], v[j], d);
+        cm[s] = fminf(cm[s], d);
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      const float c = cm[s];
+      if (c < m3[s]) {
+        if (c < m2[s]) {
+          m3[s] = m2[s];
+          if (c < m1[s]) m2[s] = m1[s], b2[s] = b1[s], m1[s] = c, b1[s] = ch;
+          else m2[s] = c, b2[s] = ch;
+        } else {
+          m3[s] = c;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int s = 0; s < SPL; ++s) {
+    if (m3[s] == -INFINITY) continue;  // non-finite or dead slot: code already decided
+    const float thr = m1[s] + margin[s];
+    float bst = INFINITY;
+    int cd = cbeg;
+    if (slow[s] || m3[s] <= thr || !(m1[s] < INFINITY)) {
+      oracle_scan<SD>(x[s], cb, cbeg, cend, bst, cd);
+    } else {
+      oracle_scan<SD>(x[s], cb, b1[s], b1[s] + chunk, bst, cd);
+      if (m2[s] <= thr) oracle_scan<SD>(x[s], cb, b2[s], b2[s] + chunk, bst, cd);
+    }
+    best[s] = bst;
+    code[s] = cd;
+  }
+}
+
+/// In-place FWHT (stages h = 1, 2, 4, ... as the CPU) of TPJ vectors of D floats in a warp's
+/// shared buffer, then the 1/sqrt(D) scale.
+template <int D, int TPJ>
+__device__ __forceinline__ void warp_fwht(float* xs, int lane, float scale) {
+  for (int h = 1; h < D; h <<= 1) {
+    for (int i = lane; i < TPJ * D / 2; i += 32) {
+      const int tt = i / (D / 2), j = i % (D / 2);
+      const int i0 = tt * D + (j / h) * 2 * h + (j % h);
+      const float a = xs[i0], b = xs[i0 + h];
+      xs[i0] = __fadd_rn(a, b);
+      xs[i0 + h] = __fsub_rn(a, b);
+    }
+    __syncwarp();
+  }
+  for (int i = lane; i < TPJ * D; i += 32) xs[i] = __fmul_rn(xs[i], scale);
+  __syncwarp();
+}
+
+struct Pos {
+  int b, kvh, i;
+};
+__device__ __forceinline__ Pos decompose(int64_t th, int n_kv_heads, int n) {
+  const int i = int(th % n);
+  const int64_t bh = th / n;
+  return {int(bh / n_kv_heads), int(bh % n_kv_heads), i};
+}
+
+/// Packs n_sub codes (u32 in smem) into row words; lanes own words.
+__device__ __forceinline__ void pack_row(const uint32_t* codes, int n_sub, int bits, uint32_t* dst_row, int n_words,
+                                         int lane) {
+  for (int w = lane; w < n_words; w += 32) {
+    const int bit0 = 32 * w;
+    uint32_t word = 0;
+    const int i0 = bit0 / bits;
+    for (int i = i0; i < n_sub && i * bits < bit0 + 32; ++i) {
+      const int sh = i * bits - bit0;
+      const uint32_t c = codes[i];
+      word |= sh >= 0 ? (c << sh) : (c >> (-sh));
+    }
+    dst_row[w] = word;
+  }
+}
+
+template <int D, int SD, int SPL, int CS>
+__global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
+  constexpr int kNSub = D / SD;
+  constexpr int TPJ = 32 * SPL / kNSub;
+  static_assert(TPJ >= 1 && (32 * SPL) % kNSub == 0, "slots must cover whole tokens");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const bool keys = blockIdx.y == 0;
+  const Side sd = side_of(p, keys);
+  if (sd.sub != SD) return;  // the other side is served by another instantiation
+  const int nC = 1 << sd.bits;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* const s_cb = reinterpret_cast<float*>(smem);                  // [nC][SD] (throughput mode)
+  float* const s_nrm = s_cb + (CS == 1 ? nC * SD : 0);                 // [nC]
+  float* const s_x = s_nrm + (CS == 1 ? nC : 0);                        // [warps][TPJ][D]
+  uint32_t* const s_code = reinterpret_cast<uint32_t*>(s_x + kEncWarps * TPJ * D);  // [warps][TPJ·kNSub]
+  float* const s_best = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub); // [warps][32·SPL]
+  int* const s_bcode = reinterpret_cast<int*>(s_best + kEncWarps * 32 * SPL);       // [warps][32·SPL]
+
+  const float* cb = sd.cb;
+  const float* nrm = sd.norms;
+  if (CS == 1) {
+    for (int i = tid; i < nC * SD; i += 256) s_cb[i] = sd.cb[i];
+    for (int i = tid; i < nC; i += 256) s_nrm[i] = sd.norms[i];
+    __syncthreads();
+    cb = s_cb, nrm = s_nrm;
+  }
+  float* const xs = s_x + warp * TPJ * D;
+  uint32_t* const cc = s_code + warp * TPJ * kNSub;
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t n_jobs = (n_th + TPJ - 1) / TPJ;
+  const int row_words = sd.row_stride / 4;
+  const int64_t job_step = CS == 1 ? int64_t(gridDim.x) * kEncWarps : int64_t(gridDim.x);
+  const int64_t job0 = CS == 1 ? int64_t(blockIdx.x) * kEncWarps + warp : int64_t(blockIdx.x);
+  const int cbeg = CS == 1 ? 0 : warp * (nC / CS), cend = CS == 1 ? nC : cbeg + nC / CS;
+
+  for (int64_t job = job0; job < n_jobs; job += job_step) {
+    const int64_t th0 = job * TPJ;
+    // 1. the job's vectors, f32, transformed for keys
+    for (int idx = lane; idx < TPJ * D; idx += 32) {
+      const int tt = idx / D, d = idx % D;
+      const int64_t th = th0 + tt;
+      float x = 0.0f;
+      if (th < n_th) {
+        const Pos q = decompose(th, p.n_kv_heads, p.n_new);
+        x = load_f(sd.src.data, sd.src.dtype,
+                   q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2] + d * sd.src.stride[3]);
+        if (keys && p.inv_lambda) x = __fmul_rn(x, p.inv_lambda[q.kvh * D + d]);
+      }
+      xs[idx] = x;
+    }
+    __syncwarp();
+    if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
+    // 2. this lane's sub-vectors
+    float x[SPL][SD];
+    bool live[SPL];
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      const int gs = s * 32 + lane, tt = gs / kNSub, sub = gs % kNSub;
+      live[s] = th0 + tt < n_th;
+#pragma unroll
+      for (int j = 0; j < SD; ++j) x[s][j] = xs[tt * D + sub * SD + j];
+    }
+    // 3. nearest centroid, exact
+    float best[SPL];
+    int code[SPL];
+    search<SD, SPL>(x, live, cb, nrm, sd.cmax, cbeg, cend, best, code);
+    if (CS > 1) {
+#pragma unroll
+      for (int s = 0; s < SPL; ++s) {
+        s_best[warp * 32 * SPL + s * 32 + lane] = best[s];
+        s_bcode[warp * 32 * SPL + s * 32 + lane] = code[s];
+      }
+      __syncthreads();
+#pragma unroll
+      for (int s = 0; s < SPL; ++s) {
+        float bb = s_best[s * 32 + lane];
+        int bc = s_bcode[s * 32 + lane];
+        for (int w = 1; w < CS; ++w) {
+          const float e = s_best[w * 32 * SPL + s * 32 + lane];
+          if (e < bb) bb = e, bc = s_bcode[w * 32 * SPL + s * 32 + lane];
+        }
+        code[s] = bc;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      const int gs = s * 32 + lane;
+      cc[(gs / kNSub) * kNSub + gs % kNSub] = uint32_t(code[s]);
+    }
+    __syncwarp();
+    // 4. codes, window rows, dequantized rows (one warp per job writes; in decode mode warp 0)
+    const bool writer = CS == 1 || warp == 0;
+    bool any_deq = false;
+    for (int tt = 0; tt < TPJ; ++tt) {
+      const int64_t th = th0 + tt;
+      if (th >= n_th) break;
+      const Pos q = decompose(th, p.n_kv_heads, p.n_new);
+      const int L0 = p.seq_len[q.b];
+      const int pos = L0 + q.i;
+      const int Lnew = L0 + p.n_new;
+      const int rcn = min(p.residual_length, (p.res_count ? p.res_count[q.b] : 0) + p.n_new);
+      const bool in_win = pos >= Lnew - rcn;
+      const int64_t bh = int64_t(q.b) * p.n_kv_heads + q.kvh;
+      if (writer && sd.codes && (!p.codes_ring || in_win)) {
+        const int64_t slot = p.codes_ring ? pos % p.code_cap : pos;
+        if (slot < p.code_cap) {
+          pack_row(cc + tt * kNSub, kNSub, sd.bits,
+                   reinterpret_cast<uint32_t*>(sd.codes + (bh * p.code_cap + slot) * sd.row_stride), row_words, lane);
+        } else if (lane == 0 && p.error_flag) {
+          atomicExch(p.error_flag, 1);
+        }
+      }
+      if (writer && sd.win && in_win) {
+        const int64_t slot = p.win_ring ? pos % p.win_cap : pos;
+        if (slot < p.win_cap) {
+          uint16_t* dst = static_cast<uint16_t*>(sd.win) + (bh * p.win_cap + slot) * D;
+          for (int d = lane; d < D; d += 32) {
+            const float v = load_f(sd.src.data, sd.src.dtype,
+                                   q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2] +
+                                       d * sd.src.stride[3]);
+            dst[d] = f_to_store16(v, p.win_bf16);
+          }
+        } else if (lane == 0 && p.error_flag) {
+          atomicExch(p.error_flag, 1);
+        }
+      }
+      any_deq |= (sd.win && p.deq_outside && !in_win);
+    }
+    if (writer && any_deq) {  // dequantized rows for tokens born outside the window
+      for (int idx = lane; idx < TPJ * D; idx += 32) {
+        const int tt = idx / D, d = idx % D;
+        xs[idx] = cb[size_t(cc[tt * kNSub + d / SD]) * SD + d % SD];
+      }
+      __syncwarp();
+      if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
+      for (int tt = 0; tt < TPJ; ++tt) {
+        const int64_t th = th0 + tt;
+        if (th >= n_th) break;
+        const Pos q = decompose(th, p.n_kv_heads, p.n_new);
+        const int L0 = p.seq_len[q.b], pos = L0 + q.i;
+        const int rcn = min(p.residual_length, (p.res_count ? p.res_count[q.b] : 0) + p.n_new);
+        if (pos >= L0 + p.n_new - rcn) continue;
+        if (pos >= p.win_cap) {
+          if (lane == 0 && p.error_flag) atomicExch(p.error_flag, 1);
+          continue;
+        }
+        uint16_t* dst = static_cast<uint16_t*>(sd.win) + ((int64_t(q.b) * p.n_kv_heads + q.kvh) * p.win_cap + pos) * D;
+        for (int d = lane; d < D; d += 32) {
+          float v = xs[tt * D + d];
+          if (keys && p.lambda) v = __fmul_rn(v, p.lambda[q.kvh * D + d]);
+          dst[d] = f_to_store16(v, p.win_bf16);
+        }
+      }
+    }
+    if (CS > 1) __syncthreads();
+    else __syncwarp();
+  }
+}
+
+/// One warp per (token, kv head): rows of codes → dequantized rows (keys inverse-transformed).
+/// evict: positions [L − rc, min(L, L + n − min(R, rc + n))) per batch row, at most n each;
+/// else positions [t0, t0 + n).
+template <int D, int SD>
+__global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, int evict, int64_t t0, int64_t n,
+                                                         int keys_only_side) {
+  __shared__ float s_x[kEncWarps][D];
+  __shared__ uint32_t s_c[kEncWarps][D / SD];
+  const bool keys = keys_only_side >= 0 ? keys_only_side == 1 : blockIdx.y == 0;
+  const Side sd = side_of(p, keys);
+  if (sd.sub != SD) return;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kNSub = D / SD;
+  const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
+  for (int64_t it = int64_t(blockIdx.x) * kEncWarps + warp; it < items; it += int64_t(gridDim.x) * kEncWarps) {
+    const Pos q = decompose(it, p.n_kv_heads, int(n));
+    int64_t pos;
+    if (evict) {
+      const int L = p.seq_len[q.b], rc = p.res_count ? p.res_count[q.b] : 0;
+      const int rcn = min(p.residual_length, rc + p.n_new);
+      const int first = L - rc, last = min(L, L + p.n_new - rcn);
+      pos = first + q.i;
+      if (pos >= last) continue;
+    } else {
+      pos = t0 + q.i;
+    }
+    const int64_t bh = int64_t(q.b) * p.n_kv_heads + q.kvh;
+    const int64_t cslot = p.codes_ring ? pos % p.code_cap : pos;
+    const uint8_t* row = sd.codes + (bh * p.code_cap + cslot) * sd.row_stride;
+    for (int m = lane; m < kNSub; m += 32) {
+      const int bit = m * sd.bits;
+      const uint32_t* w = reinterpret_cast<const uint32_t*>(row) + (bit >> 5);
+      const int o = bit & 31;
+      const uint32_t lo = w[0];
+      const uint32_t hi = (o + sd.bits > 32) ? w[1] : 0u;
+      s_c[warp][m] = __funnelshift_r(lo, hi, o) & ((1u << sd.bits) - 1u);
+    }
+    __syncwarp();
+    for (int d = lane; d < D; d += 32) s_x[warp][d] = sd.cb[size_t(s_c[warp][d / SD]) * SD + d % SD];
+    __syncwarp();
+    if (keys && p.use_hadamard) warp_fwht<D, 1>(s_x[warp], lane, p.hadamard_scale);
+    if (pos < p.win_cap) {
+      uint16_t* dst = static_cast<uint16_t*>(sd.win) + (bh * p.win_cap + pos) * D;
+      for (int d = lane; d < D; d += 32) {
+        float v = s_x[warp][d];
+        if (keys && p.lambda) v = __fmul_rn(v, p.lambda[q.kvh * D + d]);
+        dst[d] = f_to_store16(v, p.win_bf16);
+      }
+    } else if (lane == 0 && p.error_flag) {
+      atomicExch(p.error_flag, 1);
+    }
+    __syncwarp();
+  }
+}
+
+__global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
+                                   int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag) {
+  const int64_t total = int64_t(batch) * n_kv_heads * n_new * head_dim;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int d = int(idx % head_dim);
+    const int64_t r = idx / head_dim;
+    const int i = int(r % n_new);
+    const int64_t bh = r / n_new;
+    const int b = int(bh / n_kv_heads), h = int(bh % n_kv_heads);
+    const int64_t pos = int64_t(seq_len[b]) + i;
+    if (pos >= cap) {
+      if (error_flag) atomicExch(error_flag, 1);
+      continue;
+    }
+    const float v = load_f(src.data, src.dtype, b * src.stride[0] + h * src.stride[1] + i * src.stride[2] + d * src.stride[3]);
+    static_cast<uint16_t*>(dst)[(bh * cap + pos) * head_dim + d] = f_to_store16(v, dst_bf16);
+  }
+}
+
+__global__ void check_range_kernel(DevTensor4 t, int64_t d1, int64_t d2, int64_t d3, int64_t total, float limit,
+                                   int* flag) {
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i3 = idx % d3, r2 = idx / d3, i2 = r2 % d2, r1 = r2 / d2, i1 = r1 % d1, i0 = r1 / d1;
+    const float x = load_f(t.data, t.dtype, i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + i3 * t.stride[3]);
+    if (!(fabsf(x) <= limit)) atomicExch(flag, 1);
+  }
+}
+
+__global__ void advance_kernel(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R) {
+  for (int b = threadIdx.x; b < batch; b += blockDim.x) {
+    seq_len[b] += n_new;
+    if (res_count) res_count[b] = min(R, res_count[b] + n_new);
+  }
+}
+
+int device_sms() {
+  int dev = 0, sms = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  VQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return sms;
+}
+
+template <int D, int SD, int SPL, int CS>
+void encode_t(const EncodeParams& p, cudaStream_t s) {
+  constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
+  const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
+                                                        : (p.k_sub == SD ? p.k_bits : p.v_bits));
+  const size_t smem = (CS == 1 ? size_t(nmax) * (SD + 1) * 4 : 0) + size_t(kEncWarps) * TPJ * D * 4 +
+                      size_t(kEncWarps) * TPJ * kNSub * 4 + size_t(kEncWarps) * 32 * SPL * 8;
+  auto kern = vq_encode_kernel<D, SD, SPL, CS>;
+  VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t jobs = (n_th + TPJ - 1) / TPJ;
+  int blocks;
+  if (CS == 1) {
+    int per_sm = 1;
+    VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem));
+    blocks = int(std::min<int64_t>((jobs + kEncWarps - 1) / kEncWarps, int64_t(device_sms()) * std::max(per_sm, 1)));
+  } else {
+    blocks = int(std::min<int64_t>(jobs, 65535));
+  }
+  dim3 grid(std::max(blocks, 1), 2);  // y: keys, values (a block whose side has another sub_dim exits)
+  kern<<<grid, 256, smem, s>>>(p);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+template <int D, int SD>
+void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
+  constexpr int kNSub = D / SD;
+  constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
+  if (decode_mode && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) >= 64) encode_t<D, SD, kSplDec, 8>(p, s);
+  else encode_t<D, SD, 4, 1>(p, s);
+}
+
+template <int D>
+void encode_d(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
+  // keys and values may differ in sub_dim: each instantiation serves the side(s) it matches
+  const bool has4 = p.k_sub == 4 || p.v_sub == 4, has8 = p.k_sub == 8 || p.v_sub == 8;
+  if (has4) encode_sub<D, 4>(p, decode_mode, s);
+  if (has8) encode_sub<D, 8>(p, decode_mode, s);
+}
+
+template <int D>
+void dequant_d(const EncodeParams& p, int evict, int64_t t0, int64_t n, int side, cudaStream_t s) {
+  const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
+  const int blocks = int(std::min<int64_t>((items + kEncWarps - 1) / kEncWarps, 4096));
+  dim3 grid(std::max(blocks, 1), side >= 0 ? 1 : 2);
+  auto run = [&](auto kern) {
+    kern<<<grid, 256, 0, s>>>(p, evict, t0, n, side);
+    VQ_CUDA_CHECK(cudaGetLastError());
+  };
+  const bool has4 = p.k_sub == 4 || p.v_sub == 4, has8 = p.k_sub == 8 || p.v_sub == 8;
+  if (has4) run(vq_dequant_kernel<D, 4>);
+  if (has8) run(vq_dequant_kernel<D, 8>);
+}
+
+void check_encode_geometry(const EncodeParams& p) {
+  VQ_CHECK_T(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, UnsupportedError,
+             "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256)");
+  VQ_CHECK_T((p.k_sub == 4 || p.k_sub == 8) && (p.v_sub == 4 || p.v_sub == 8), UnsupportedError,
+             "CUDA VecInfer: sub_dim must be 4 or 8 (key " << p.k_sub << ", value " << p.v_sub << ")");
+  VQ_CHECK_T(p.k_bits >= 4 && p.k_bits <= 16 && p.v_bits >= 4 && p.v_bits <= 16, UnsupportedError,
+             "CUDA VecInfer: codebook_bits must be in 4..16 (key " << p.k_bits << ", value " << p.v_bits << ")");
+}
+
+}  // namespace
+
+void encode_launch(const EncodeParams& p, bool decode_mode, void* stream) {
+  check_encode_geometry(p);
+  if (p.batch == 0 || p.n_new == 0 || p.n_kv_heads == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  switch (p.head_dim) {
+    case 64: encode_d<64>(p, decode_mode, s); break;
+    case 128: encode_d<128>(p, decode_mode, s); break;
+    case 256: encode_d<256>(p, decode_mode, s); break;
+    default: VQ_THROW(UnsupportedError, "CUDA encode: head_dim " << p.head_dim);
+  }
+}
+
+void evict_launch(const EncodeParams& p, void* stream) {
+  check_encode_geometry(p);
+  if (p.batch == 0 || p.n_new == 0 || p.n_kv_heads == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  switch (p.head_dim) {
+    case 64: dequant_d<64>(p, 1, 0, p.n_new, -1, s); break;
+    case 128: dequant_d<128>(p, 1, 0, p.n_new, -1, s); break;
+    case 256: dequant_d<256>(p, 1, 0, p.n_new, -1, s); break;
+    default: VQ_THROW(UnsupportedError, "CUDA evict: head_dim " << p.head_dim);
+  }
+}
+
+void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream) {
+  check_encode_geometry(p);
+  if (p.batch == 0 || n == 0 || p.n_kv_heads == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  const int side = keys ? 1 : 0;
+  switch (p.head_dim) {
+    case 64: dequant_d<64>(p, 0, t0, n, side, s); break;
+    case 128: dequant_d<128>(p, 0, t0, n, side, s); break;
+    case 256: dequant_d<256>(p, 0, t0, n, side, s); break;
+    default: VQ_THROW(UnsupportedError, "CUDA dequant: head_dim " << p.head_dim);
+  }
+}
+
+void append_rows_launch(const DevTensor4& src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
+                        int dst_bf16, int64_t dst_cap, const int32_t* seq_len, int* error_flag, void* stream) {
+  const int64_t total = int64_t(batch) * n_kv_heads * n_new * head_dim;
+  if (total == 0) return;
+  const int blocks = int(std::min<int64_t>((total + 255) / 256, 65535));
+  append_rows_kernel<<<blocks, 256, 0, as_stream(stream)>>>(src, batch, n_kv_heads, n_new, head_dim, dst, dst_bf16,
+                                                            dst_cap, seq_len, error_flag);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, float limit, int* flag,
+                        void* stream) {
+  const int64_t total = d0 * d1 * d2 * d3;
+  if (total == 0) return;
+  const int blocks = int(std::min<int64_t>((total + 255) / 256, 4096));
+  check_range_kernel<<<blocks, 256, 0, as_stream(stream)>>>(t, d1, d2, d3, total, limit, flag);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream) {
+  if (batch == 0 || n_new == 0) return;
+  advance_kernel<<<1, 128, 0, as_stream(stream)>>>(seq_len, res_count, batch, n_new, R);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace veloxquant::cuda

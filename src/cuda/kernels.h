@@ -1,0 +1,170 @@
+// src/cuda/kernels.h — the host-side face of the CUDA kernels: plain parameter structs
+// (device pointers, sizes, strides) and the launchers. No CUDA header here, so the caches
+// (.cpp) and the tests can include it; streams travel as void* (a cudaStream_t).
+//
+// Layouts shared by every kernel (the CUDA caches own these buffers):
+//   codes        U8  [batch, n_kv_heads, code_cap, row_stride]   one token-head per row,
+//                    the pq.h LSB-first bit packing, rows padded with zero bytes to a multiple
+//                    of 4 (row_stride = round_up(code_bytes, 4)) so kernels read whole words
+//   window rows  F16/BF16 [batch, n_kv_heads, win_cap, head_dim]  ring (position p in slot
+//                    p % win_cap) or linear (slot p)
+//   lengths      I32 [batch]  seq_len (tokens held) and res_count (exact window tokens),
+//                    device-resident so a captured decode step reads the current values
+//   codebooks    F32 [n_centroids, sub_dim] for encoding (exact, as the CPU oracle),
+//                F16 [n_centroids, sub_dim] for attention (shared memory, replicated)
+#pragma once
+
+#include <cstdint>
+
+#include "veloxquant/dtype.h"
+
+namespace veloxquant::cuda {
+
+/// A float tensor of rank 4 on the device: data, dtype (F32/F16/BF16) and element strides.
+struct DevTensor4 {
+  const void* data = nullptr;
+  DType dtype = DType::F16;
+  int64_t stride[4] = {0, 0, 0, 0};
+};
+
+// ------------------------------------------------------------------------------------------
+// Decode / prefill attention over codes + an exact window (fused_sdpa on the device).
+// ------------------------------------------------------------------------------------------
+struct AttnParams {
+  // shapes
+  int batch = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
+  int q_len = 0;   ///< queries handled by this launch (1..16 rows of a chunk per kv head)
+  int q_tail = 0;  ///< query i sits at position L − q_tail + i (q_tail = q_len for decode)
+  DevTensor4 q;    ///< [batch, n_heads, q_len, head_dim]
+  void* out = nullptr;        ///< [batch, n_heads, q_len, head_dim]
+  DType out_dtype = DType::F16;
+  int64_t out_stride[4] = {0, 0, 0, 0};
+  // coded history (null when win_all)
+  const uint8_t* k_codes = nullptr;  ///< [batch, n_kv_heads, code_cap, k_row_stride]
+  const uint8_t* v_codes = nullptr;  ///< [batch, n_kv_heads, code_cap, v_row_stride]
+  int64_t code_cap = 0;
+  int k_row_stride = 0, v_row_stride = 0;
+  const uint16_t* k_cb16 = nullptr;  ///< F16 [2^key_bits, key_sub_dim]
+  const uint16_t* v_cb16 = nullptr;  ///< F16 [2^value_bits, value_sub_dim]
+  const float* lambda = nullptr;     ///< [n_kv_heads, head_dim] or null (identity)
+  int use_hadamard = 1;
+  float hadamard_scale = 1.0f;       ///< 1/sqrt(head_dim)
+  // exact window
+  const void* k_win = nullptr;  ///< [batch, n_kv_heads, win_cap, head_dim]
+  const void* v_win = nullptr;
+  int win_bf16 = 0;
+  int64_t win_cap = 0;
+  int win_ring = 0;  ///< 1: slot p % win_cap; 0: slot p
+  int win_all = 0;   ///< 1: every token is a window token (the fp16 cache)
+  // lengths: L = seq_len[b] + n_new, window = min(residual_length, res_count[b] + n_new)
+  const int32_t* seq_len = nullptr;
+  const int32_t* res_count = nullptr;
+  int n_new = 0;
+  int residual_length = 0;
+  int advance = 0;  ///< 1: the last block adds n_new to seq_len/res_count (decode step)
+  int32_t* seq_len_rw = nullptr;
+  int32_t* res_count_rw = nullptr;
+  // masking and scale
+  float scale_log2 = 0.0f;  ///< softmax scale · log2(e)
+  int causal = 1;
+  int64_t sliding_window = 0;
+  // plan
+  int n_splits = 1;     ///< blocks per (batch, kv head, row chunk)
+  int n_row_chunks = 1; ///< ceil(G·q_len / rows_per_chunk)
+  int rows_per_chunk = 8;
+  int window_weight = 4;  ///< one window token counts as this many code tokens when splitting
+  float* ws_o = nullptr;  ///< [segments, n_splits, rows, head_dim] partial outputs
+  float* ws_ml = nullptr; ///< [segments, n_splits, rows, 2] (max, sum) in log2 units
+  int* counters = nullptr;     ///< [segments] arrival counters (zero between launches)
+  int* done_counter = nullptr; ///< [1] finished segments (zero between launches)
+};
+
+/// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
+struct AttnConfigKey {
+  int head_dim, key_sub_dim, key_bits, value_sub_dim, value_bits, n_tiles;
+};
+
+/// Whether this build holds a kernel for the configuration.
+bool attn_config_compiled(const AttnConfigKey& k);
+/// Lists the compiled configurations as "d4b8/d4b8@128" strings (for messages and tests).
+const char* attn_compiled_list();
+/// Dynamic shared memory of the kernel for the configuration (bytes).
+int attn_smem_bytes(const AttnConfigKey& k);
+/// Blocks of that kernel resident per multiprocessor (from the occupancy calculator).
+int attn_blocks_per_sm(const AttnConfigKey& k, int device);
+/// Launches the attention kernel (plan already folded into p). Throws UnsupportedError for a
+/// configuration this build does not hold, CudaError on a launch failure.
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
+
+/// The split planner: blocks per (batch, kv head, row chunk) so the grid fills the device
+/// about once (or in whole waves), at least `min_tokens_per_split` tokens per block.
+int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm,
+                int64_t min_tokens_per_split = 512);
+
+// ------------------------------------------------------------------------------------------
+// Encode: smooth scaling + FWHT (keys) + exact nearest centroid + packing, plus the window
+// rows and (Standard/Stash) the held fp16 K̂/V̂ rows.
+// ------------------------------------------------------------------------------------------
+struct EncodeParams {
+  int batch = 0, n_kv_heads = 0, head_dim = 0, n_new = 0;
+  DevTensor4 k, v;  ///< [batch, n_kv_heads, n_new, head_dim]
+  const float* inv_lambda = nullptr;  ///< [n_kv_heads, head_dim] or null
+  const float* lambda = nullptr;      ///< for the dequantized K̂ rows
+  int use_hadamard = 1;
+  float hadamard_scale = 1.0f;
+  // exact codebooks (F32) and their derived values
+  const float* k_cb = nullptr;  ///< [2^key_bits, key_sub_dim]
+  const float* v_cb = nullptr;
+  const float* k_norms = nullptr;  ///< [2^key_bits] ||c||²
+  const float* v_norms = nullptr;
+  int k_bits = 8, v_bits = 8, k_sub = 4, v_sub = 4;
+  float k_cmax = 0, v_cmax = 0;  ///< max_c ||c|| (for the exactness margin)
+  // destinations
+  uint8_t* k_codes = nullptr;  ///< main codes [batch, kvh, code_cap, row] (position p)
+  uint8_t* v_codes = nullptr;
+  int64_t code_cap = 0;
+  int k_row_stride = 0, v_row_stride = 0;
+  int codes_ring = 0;  ///< 1: codes go to slot p % code_cap (Standard's pending codes) and
+                       ///< only for tokens inside the window
+  void* k_win = nullptr;  ///< exact rows [batch, kvh, win_cap, head_dim] (null: none)
+  void* v_win = nullptr;
+  int64_t win_cap = 0;
+  int win_ring = 0;   ///< 1: slot p % win_cap (MemoryBound); 0: slot p (the held K̂/V̂)
+  int win_bf16 = 0;
+  int deq_outside = 0;  ///< 1: new tokens already outside the window get dequantized rows in
+                        ///< k_win/v_win at slot p (Standard/Stash with their linear K̂/V̂)
+  // lengths (device): positions are seq_len[b] + i; window = min(R, res_count[b] + n_new)
+  const int32_t* seq_len = nullptr;
+  const int32_t* res_count = nullptr;
+  int residual_length = 0;
+  int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
+};
+
+/// Launches the encode kernel. decode_mode: all warps of a block share one token group and
+/// split the codebook scan (latency), else one warp per token group (throughput).
+void encode_launch(const EncodeParams& p, bool decode_mode, void* stream);
+
+/// Standard/Stash eviction: the tokens leaving the window on an append of n_new tokens,
+/// positions [L − rc, min(L, L + n_new − min(R, rc + n_new))), get their dequantized rows
+/// (inverse-transformed keys) written into the linear K̂/V̂ rows. Reads codes from `codes`
+/// (ring slot p % code_cap when codes_ring). Uses p.n_new, lengths, codebooks, lambda.
+void evict_launch(const EncodeParams& p, void* stream);
+
+/// Dequantizes rows [t0, t0 + n) of the codes of every (batch, kv head) into rows of `dst`
+/// (same positions) — used by restore and fetch paths. Keys are inverse-transformed.
+void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream);
+
+/// Converts/copies new rows [batch, kvh, n_new, head_dim] (any float dtype and strides) into
+/// dst [batch, kvh, cap, head_dim] (F16 or BF16) at positions seq_len[b] + i (the fp16 cache).
+void append_rows_launch(const DevTensor4& src, int batch, int n_kv_heads, int n_new, int head_dim,
+                        void* dst, int dst_bf16, int64_t dst_cap, const int32_t* seq_len, int* error_flag,
+                        void* stream);
+
+/// Sets *flag = 1 when an element of t [d0, d1, d2, d3] is non-finite or |x| > limit.
+void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, float limit, int* flag,
+                        void* stream);
+
+/// len[b] += n_new; rc[b] = min(R, rc[b] + n_new) (rc may be null).
+void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream);
+
+}  // namespace veloxquant::cuda
