@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
@@ -39,7 +40,7 @@ namespace detail {
 namespace {
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-constexpr int64_t kTokenBlock = 512;     // tokens per inner block (codes + scores stay in L1/L2)
+constexpr int64_t kTokenBlock = 1024;    // tokens per inner block (codes + scores stay in L1/L2)
 constexpr int64_t kMinChunk = 2048;      // smallest coded chunk worth its own unit
 constexpr int64_t kTargetUnits = 16;     // split coded spans until about this many units exist
 constexpr int kMaxTableBits = 10;        // LUT/histogram only up to 1024 centroids (512 KiB at d4)
@@ -64,8 +65,11 @@ inline F4 f4_zero() { return {{0, 0, 0, 0}}; }
 
 // ---- LUT scores and histogram, blocked over m ----------------------------------------------
 // idx: codes of n tokens, row stride istride (bytes for I = uint8_t, entries for uint16_t).
-template <int MB, typename I>
-void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+// NC > 0: the centroid count as a compile-time constant (table offsets become displacements,
+// which frees the registers the runtime offsets would take); NC == 0: nc at run time.
+template <int MB, int NC, typename I>
+void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* lut, float* S4) {
+  const size_t nc = NC > 0 ? size_t(NC) : size_t(nc_rt);
   for (int m0 = 0; m0 < n_sub; m0 += MB) {
     const float* L = lut + size_t(m0) * nc * 4;
     for (int64_t t = 0; t < n; ++t) {
@@ -75,8 +79,8 @@ void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, c
         a0 = f4_add(a0, f4_load(L + size_t(c[0]) * 4));
       } else {
         for (int k = 0; k < MB; k += 2) {
-          a0 = f4_add(a0, f4_load(L + (size_t(k) * nc + c[k]) * 4));
-          a1 = f4_add(a1, f4_load(L + (size_t(k + 1) * nc + c[k + 1]) * 4));
+          a0 = f4_add(a0, f4_load(L + size_t(k) * nc * 4 + size_t(c[k]) * 4));
+          a1 = f4_add(a1, f4_load(L + size_t(k + 1) * nc * 4 + size_t(c[k + 1]) * 4));
         }
       }
       f4_store(S4 + 4 * t, f4_add(a0, a1));
@@ -84,17 +88,67 @@ void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, c
   }
 }
 
-template <int MB, typename I>
-void hist_add_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
+template <int MB, int NC, typename I>
+void hist_add_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* P4, float* T4) {
+  const size_t nc = NC > 0 ? size_t(NC) : size_t(nc_rt);
   for (int m0 = 0; m0 < n_sub; m0 += MB) {
     float* T = T4 + size_t(m0) * nc * 4;
     for (int64_t t = 0; t < n; ++t) {
       const I* c = idx + t * istride + m0;
       const F4 p = f4_load(P4 + 4 * t);
       for (int k = 0; k < MB; ++k) {
-        float* d = T + (size_t(k) * nc + c[k]) * 4;
+        float* d = T + size_t(k) * nc * 4 + size_t(c[k]) * 4;  // k·nc·4: a displacement when NC > 0
         f4_store(d, f4_add(f4_load(d), p));
       }
+    }
+  }
+}
+
+// The hot case (8-bit codes, 256 centroids, 8 sub-vectors per block): the 8 codes of a block
+// come from one 64-bit load and each byte offset (code·16) is extracted with a shift and a
+// mask, so a read-modify-write costs 4 µops (shift, and, load+add, store) with the table
+// slice's base as a displacement.
+inline void hist_add_b8_256_mb8(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* P4,
+                                float* T4) {
+  for (int m0 = 0; m0 < n_sub; m0 += 8) {
+    char* T = reinterpret_cast<char*>(T4 + size_t(m0) * 256 * 4);
+    for (int64_t t = 0; t < n; ++t) {
+      uint64_t x;
+      std::memcpy(&x, idx + t * istride + m0, 8);
+      const F4 p = f4_load(P4 + 4 * t);
+      auto rmw = [&](int k, uint64_t off) {
+        float* d = reinterpret_cast<float*>(T + k * 4096 + off);
+        f4_store(d, f4_add(f4_load(d), p));
+      };
+      rmw(0, (x << 4) & 0xFF0);
+      rmw(1, (x >> 4) & 0xFF0);
+      rmw(2, (x >> 12) & 0xFF0);
+      rmw(3, (x >> 20) & 0xFF0);
+      rmw(4, (x >> 28) & 0xFF0);
+      rmw(5, (x >> 36) & 0xFF0);
+      rmw(6, (x >> 44) & 0xFF0);
+      rmw(7, (x >> 52) & 0xFF0);
+    }
+  }
+}
+
+inline void lut_scores_b8_256_mb8(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* lut,
+                                  float* S4) {
+  for (int m0 = 0; m0 < n_sub; m0 += 8) {
+    const char* L = reinterpret_cast<const char*>(lut + size_t(m0) * 256 * 4);
+    for (int64_t t = 0; t < n; ++t) {
+      uint64_t x;
+      std::memcpy(&x, idx + t * istride + m0, 8);
+      auto at = [&](int k, uint64_t off) { return f4_load(reinterpret_cast<const float*>(L + k * 4096 + off)); };
+      F4 a0 = f4_add(f4_load(S4 + 4 * t), at(0, (x << 4) & 0xFF0));
+      F4 a1 = at(1, (x >> 4) & 0xFF0);
+      a0 = f4_add(a0, at(2, (x >> 12) & 0xFF0));
+      a1 = f4_add(a1, at(3, (x >> 20) & 0xFF0));
+      a0 = f4_add(a0, at(4, (x >> 28) & 0xFF0));
+      a1 = f4_add(a1, at(5, (x >> 36) & 0xFF0));
+      a0 = f4_add(a0, at(6, (x >> 44) & 0xFF0));
+      a1 = f4_add(a1, at(7, (x >> 52) & 0xFF0));
+      f4_store(S4 + 4 * t, f4_add(a0, a1));
     }
   }
 }
@@ -107,24 +161,42 @@ int pick_mb(int n_sub, int nc) {
   return 1;
 }
 
+template <int NC, typename I>
+void lut_scores_nc(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+  switch (mb) {
+    case 8: lut_scores_t<8, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
+    case 4: lut_scores_t<4, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
+    case 2: lut_scores_t<2, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
+    default: lut_scores_t<1, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
+  }
+}
+
 template <typename I>
 void lut_scores(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+  if constexpr (std::is_same_v<I, uint8_t>) {
+    if (nc == 256 && mb == 8) return lut_scores_b8_256_mb8(idx, istride, n, n_sub, lut, S4);
+  }
+  if (nc == 256) lut_scores_nc<256>(mb, idx, istride, n, n_sub, nc, lut, S4);
+  else lut_scores_nc<0>(mb, idx, istride, n, n_sub, nc, lut, S4);
+}
+
+template <int NC, typename I>
+void hist_add_nc(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
   switch (mb) {
-    case 8: lut_scores_t<8>(idx, istride, n, n_sub, nc, lut, S4); break;
-    case 4: lut_scores_t<4>(idx, istride, n, n_sub, nc, lut, S4); break;
-    case 2: lut_scores_t<2>(idx, istride, n, n_sub, nc, lut, S4); break;
-    default: lut_scores_t<1>(idx, istride, n, n_sub, nc, lut, S4); break;
+    case 8: hist_add_t<8, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
+    case 4: hist_add_t<4, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
+    case 2: hist_add_t<2, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
+    default: hist_add_t<1, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
   }
 }
 
 template <typename I>
 void hist_add(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
-  switch (mb) {
-    case 8: hist_add_t<8>(idx, istride, n, n_sub, nc, P4, T4); break;
-    case 4: hist_add_t<4>(idx, istride, n, n_sub, nc, P4, T4); break;
-    case 2: hist_add_t<2>(idx, istride, n, n_sub, nc, P4, T4); break;
-    default: hist_add_t<1>(idx, istride, n, n_sub, nc, P4, T4); break;
+  if constexpr (std::is_same_v<I, uint8_t>) {
+    if (nc == 256 && mb == 8) return hist_add_b8_256_mb8(idx, istride, n, n_sub, P4, T4);
   }
+  if (nc == 256) hist_add_nc<256>(mb, idx, istride, n, n_sub, nc, P4, T4);
+  else hist_add_nc<0>(mb, idx, istride, n, n_sub, nc, P4, T4);
 }
 
 // ---- tables from the expanded codebook CX[e][c][4] ---------------------------------------------
