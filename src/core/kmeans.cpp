@@ -60,9 +60,13 @@ std::vector<int64_t> sample_indices(int64_t n, int64_t m, SplitMix64& rng) {
 
 void check_finite(const float* x, int64_t n, int d, const char* what) {
   const int64_t total = n * int64_t(d);
-  bool ok = true;
-  for (int64_t i = 0; i < total; ++i) ok &= std::isfinite(x[i]);
-  if (ok) return;
+  uint32_t bad = 0;  // exponent all ones ⇔ inf or nan; written on the bits so it vectorises
+  for (int64_t i = 0; i < total; ++i) {
+    uint32_t u;
+    std::memcpy(&u, x + i, 4);
+    bad |= uint32_t((u & 0x7F800000u) == 0x7F800000u);
+  }
+  if (!bad) return;
   for (int64_t i = 0; i < total; ++i)
     if (!std::isfinite(x[i]))
       VQ_THROW(ValueError, what << ": x[" << i / d << "][" << i % d << "] is " << (std::isnan(x[i]) ? "nan" : "inf")

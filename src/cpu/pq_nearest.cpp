@@ -55,6 +55,7 @@ struct SoACentroids {
   std::vector<float> cbT;    // [d, Kp]
   std::vector<float> norms;  // [Kp], ||c||² (pads: +inf)
   double cmax = 0;           // max_c ||c||
+  double cmax2 = 0;          // max_c ||c||²
 };
 
 SoACentroids make_soa(const float* cb, int k, int d) {
@@ -78,6 +79,7 @@ SoACentroids make_soa(const float* cb, int k, int d) {
     cmax2 = std::max(cmax2, dn);
   }
   s.cmax = std::sqrt(cmax2);
+  s.cmax2 = cmax2;
   return s;
 }
 
@@ -190,31 +192,41 @@ ScoreFn pick_score_fn(int d) { return pick_impl(d, std::make_integer_sequence<in
 // κ = (d + 3)·u bounds the relative error of both the fast score (||c||² − 2x·c, error
 // ≤ (d + 2)·u·(||x|| + ||c||)²) and the oracle's f32 distance (≤ (d + 3)·u·||x − c||²). Only
 // centroids that could tie or beat w matter; those satisfy ||x − c||² ≤ T1 ≈ ||x − w||², hence
-// ||x|| + ||c|| ≤ R = 2||x|| + sqrt(T1), and their scores err by at most E = κR². The oracle's
-// argmin o then has a_o ≤ a_w + 2E + 2κT1. We return twice that.
-// @param nx ||x||²  @param tw ||x − w||² (in double) for the fast argmin w
-inline double tie_margin(int d, double nx, double tw) {
-  const double kappa = (d + 3.0) * std::ldexp(1.0, -24);
-  const double t1 = tw * (1.0 + 8.0 * kappa) + 1e-30;
-  const double r = 2.0 * std::sqrt(nx) + std::sqrt(t1);
-  return 2.0 * (2.0 * kappa * r * r + 2.0 * kappa * t1);
+// ||x|| + ||c|| ≤ R = 2||x|| + sqrt(T1), R² ≤ 8||x||² + 2·T1, and their scores err by at most
+// E = κR². The oracle's argmin o then has a_o ≤ a_w + 2E + 2κT1. We return twice that; the
+// factor 2 also absorbs the f32 rounding of nx, tw and of this expression (~1e-6 relative).
+// @param nx ||x||²  @param tw ||x − w||² for the fast argmin w (both in f32)
+inline float tie_margin(int d, float nx, float tw) {
+  const float kappa = float(d + 3) * 0x1p-24f;
+  const float t1 = tw * (1.0f + 8.0f * kappa) + 1e-30f;
+  return 2.0f * (2.0f * kappa * (8.0f * nx + 2.0f * t1) + 2.0f * kappa * t1);
 }
 
-inline double dist_d(const float* x, const float* c, int d) {
-  double s = 0.0;
+inline float dist_f(const float* x, const float* c, int d) {
+  float s = 0.0f;
   for (int j = 0; j < d; ++j) {
-    const double t = double(x[j]) - double(c[j]);
+    const float t = x[j] - c[j];
     s += t * t;
   }
   return s;
 }
 
+int32_t oracle_argmin(const float* xs, const float* cb, int k, int d, float* best_out);
+
 #if defined(__AVX512F__)
-// Register-only variant (AVX-512, d <= 16; xm2 [NB, 16], −2·x per point, zero-padded): per lane it keeps the smallest score, that score's
+// Register-only variant (AVX-512, d <= 16). Per lane it keeps the smallest score, that score's
 // centroid index and the second-smallest score, so no score buffer and no second scan are
 // needed. Afterwards the answer is proven unique when exactly one lane's minimum, and no
-// lane's second minimum, lies within the error margin of the overall minimum; otherwise
-// code[b] = -1 and the caller runs the oracle over all centroids (near-ties: rare on real data).
+// lane's second minimum, lies within the error margin of the overall minimum; otherwise the
+// caller runs the oracle over all centroids (near-ties: rare on real data).
+// Large codebooks are walked in tiles of ~128 KiB (cbT rows of kTileBytes / (4·d) centroids)
+// while a group of points keeps its running state in memory between tiles, so the tile is
+// reused from L2 by every point of the group instead of being streamed from L3/DRAM per point.
+struct alignas(64) Top2State {
+  __m512 mn1, mn2;
+  __m512i id1;
+};
+
 __attribute__((always_inline)) inline void top2_step(__m512& mn1, __m512& mn2, __m512i& id1, __m512 acc, __m512i cur) {
   const __mmask16 lt = _mm512_cmp_ps_mask(acc, mn1, _CMP_LT_OQ);  // strict: equal keeps the lower index
   mn2 = _mm512_min_ps(mn2, _mm512_max_ps(acc, mn1));
@@ -222,28 +234,29 @@ __attribute__((always_inline)) inline void top2_step(__m512& mn1, __m512& mn2, _
   id1 = _mm512_mask_mov_epi32(id1, lt, cur);
 }
 
+// Advances the state of NB points (xm2 [NB, 16] = −2·x, zero-padded) over centroids [c0, c1)
+// (multiples of 16). Always NB points: constant indices everywhere keep the state in registers.
 template <int D, int NB>
-void top2_block(const SoACentroids& s, const float* xm2, int nb, const float* x, const float* cb, const double* nx,
-                int32_t* code) {
+void top2_tile(const SoACentroids& s, const float* xm2, int c0, int c1, Top2State* st) {
   const int Kp = s.Kp;
   const float* cbT = s.cbT.data();
   const float* nrm = s.norms.data();
   __m512 mn1[NB], mn2[NB];
   __m512i id1[NB];
+#pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) {
-    mn1[b] = _mm512_set1_ps(INFINITY);
-    mn2[b] = _mm512_set1_ps(INFINITY);
-    id1[b] = _mm512_setzero_si512();
+    mn1[b] = st[b].mn1;
+    mn2[b] = st[b].mn2;
+    id1[b] = st[b].id1;
   }
-  __m512i cur = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  __m512i cur = _mm512_add_epi32(_mm512_set1_epi32(c0),
+                                 _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
   const __m512i step = _mm512_set1_epi32(16);
-  for (int c0 = 0; c0 < Kp; c0 += 16) {
+  for (int c = c0; c < c1; c += 16) {
     __m512 cv[D];
 #pragma GCC unroll 16
-    for (int j = 0; j < D; ++j) cv[j] = _mm512_loadu_ps(cbT + size_t(j) * Kp + c0);
-    const __m512 nv = _mm512_loadu_ps(nrm + c0);
-    // Always NB points (the caller pads a short tail block with zeros): constant indices
-    // everywhere, so mn1/mn2/id1 live in registers.
+    for (int j = 0; j < D; ++j) cv[j] = _mm512_loadu_ps(cbT + size_t(j) * Kp + c);
+    const __m512 nv = _mm512_loadu_ps(nrm + c);
 #pragma GCC unroll 8
     for (int b = 0; b < NB; ++b) {
       __m512 acc = nv;
@@ -255,40 +268,104 @@ void top2_block(const SoACentroids& s, const float* xm2, int nb, const float* x,
   }
 #pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) {
-    if (b >= nb) break;
-    alignas(64) float t[16];
-    _mm512_store_ps(t, mn1[b]);
-    float m = t[0];
-    for (int i = 1; i < 16; ++i) m = std::min(m, t[i]);
-    alignas(64) int32_t ids[16];
-    _mm512_store_si512(reinterpret_cast<__m512i*>(ids), id1[b]);
-    const __mmask16 at_min = _mm512_cmp_ps_mask(mn1[b], _mm512_set1_ps(m), _CMP_EQ_OQ);
-    if (at_min == 0) {  // cannot happen for finite scores; let the oracle decide
-      code[b] = -1;
-      continue;
-    }
-    const int32_t w = ids[__builtin_ctz(unsigned(at_min))];
-    const double margin = tie_margin(s.d, nx[b], dist_d(x + size_t(b) * s.d, cb + size_t(w) * s.d, s.d));
-    const __m512 thr = _mm512_set1_ps(float(double(m) + margin));
-    const __mmask16 lanes = _mm512_cmp_ps_mask(mn1[b], thr, _CMP_LE_OQ);
-    const __mmask16 second = _mm512_cmp_ps_mask(mn2[b], thr, _CMP_LE_OQ);
-    code[b] = (__builtin_popcount(unsigned(lanes)) == 1 && second == 0) ? w : -1;
+    st[b].mn1 = mn1[b];
+    st[b].mn2 = mn2[b];
+    st[b].id1 = id1[b];
   }
 }
 
-// Points per block: enough to amortise the codebook loads, few enough to stay in 32 registers.
+// The unique nearest centroid from a finished state, or -1 when near-ties need the oracle.
+// @param xs the point [d]  @param nx ||x||²
+inline int32_t top2_finish(const Top2State& st, const SoACentroids& s, const float* xs, const float* cb, float nx) {
+  const float m = _mm512_reduce_min_ps(st.mn1);
+  const __mmask16 at_min = _mm512_cmp_ps_mask(st.mn1, _mm512_set1_ps(m), _CMP_EQ_OQ);
+  if (at_min == 0) return -1;  // cannot happen for finite scores; let the oracle decide
+  alignas(64) int32_t ids[16];
+  _mm512_store_si512(reinterpret_cast<__m512i*>(ids), st.id1);
+  const int32_t w = ids[__builtin_ctz(unsigned(at_min))];
+  const float margin = tie_margin(s.d, nx, dist_f(xs, cb + size_t(w) * s.d, s.d));
+  // m + margin, nudged up (2 ulps) so rounding can only widen the candidate set
+  const float t = m + margin;
+  const __m512 thr = _mm512_set1_ps(t + std::fabs(t) * 0x1p-22f);
+  const __mmask16 lanes = _mm512_cmp_ps_mask(st.mn1, thr, _CMP_LE_OQ);
+  const __mmask16 second = _mm512_cmp_ps_mask(st.mn2, thr, _CMP_LE_OQ);
+  return (__builtin_popcount(unsigned(lanes)) == 1 && second == 0) ? w : -1;
+}
+
+// Points per kernel call: enough to amortise the codebook loads, few enough for 32 registers.
 constexpr int top2_nb(int d) { return d <= 4 ? 8 : 4; }
-using Top2Fn = void (*)(const SoACentroids&, const float*, int, const float*, const float*, const double*, int32_t*);
+constexpr int kTop2MaxNb = 8;
+constexpr int kTileBytes = 128 * 1024;
+constexpr int kGroupPoints = 128;  // points sharing each tile (state: 192 B per point)
+
+using Top2Fn = void (*)(const SoACentroids&, const float*, int, int, Top2State*);
 template <int... Ds>
 Top2Fn pick_top2_impl(int d, std::integer_sequence<int, Ds...>) {
   Top2Fn f = nullptr;
-  ((d == Ds + 1 ? (f = top2_block<Ds + 1, top2_nb(Ds + 1)>, 0) : 0), ...);
+  ((d == Ds + 1 ? (f = top2_tile<Ds + 1, top2_nb(Ds + 1)>, 0) : 0), ...);
   return f;
 }
 Top2Fn pick_top2_fn(int d) { return pick_top2_impl(d, std::make_integer_sequence<int, kMaxUnrolledDim>{}); }
+
+void nearest_range_top2(const SoACentroids& s, Top2Fn top2, const float* x, const float* cb, int64_t i0, int64_t i1,
+                        int32_t* assign, float* dist) {
+  const int d = s.d, K = s.K, Kp = s.Kp;
+  const int nb = top2_nb(d);
+  const int tile = std::max(16, (kTileBytes / (4 * (d + 1))) / 16 * 16);
+  std::vector<float> xm2(size_t(kGroupPoints) * 16);
+  std::vector<Top2State> st(static_cast<size_t>(kGroupPoints));
+  float nxs[kGroupPoints];
+  bool direct[kGroupPoints];
+  const Top2State init{_mm512_set1_ps(INFINITY), _mm512_set1_ps(INFINITY), _mm512_setzero_si512()};
+  for (int64_t g0 = i0; g0 < i1; g0 += kGroupPoints) {
+    const int np = int(std::min<int64_t>(kGroupPoints, i1 - g0));
+    const int npad = (np + nb - 1) / nb * nb;
+    for (int b = 0; b < npad; ++b) {
+      float* xm = xm2.data() + size_t(b) * 16;
+      st[size_t(b)] = init;
+      if (b >= np) {  // padding points: zeros, results ignored
+        for (int j = 0; j < d; ++j) xm[j] = 0.0f;
+        continue;
+      }
+      const float* xs = x + (g0 + b) * d;
+      float nx = 0.0f;
+      for (int j = 0; j < d; ++j) {
+        nx += xs[j] * xs[j];
+        xm[j] = -2.0f * xs[j];
+      }
+      nxs[b] = nx;
+      // non-finite (nx is then inf or nan), or squares could overflow: no kernel
+      direct[b] = !(nx < 1e34f) || !(2.0 * nx + 2.0 * s.cmax2 < 1e36);  // (||x|| + ||c||)² ≤ 2nx + 2cmax²
+      if (direct[b])
+        for (int j = 0; j < d; ++j) xm[j] = 0.0f;  // keep the kernel's inputs tame
+    }
+    for (int c0 = 0; c0 < Kp; c0 += tile) {
+      const int c1 = std::min(Kp, c0 + tile);
+      for (int b = 0; b < npad; b += nb) top2(s, xm2.data() + size_t(b) * 16, c0, c1, st.data() + b);
+    }
+    for (int b = 0; b < np; ++b) {
+      const int64_t i = g0 + b;
+      const float* xs = x + i * d;
+      float best_d = NAN;
+      int32_t c;
+      if (direct[b]) {
+        bool fin = true;
+        for (int j = 0; j < d; ++j) fin = fin && std::isfinite(xs[j]);
+        c = fin ? oracle_argmin(xs, cb, K, d, &best_d) : 0;
+      } else {
+        c = top2_finish(st[size_t(b)], s, xs, cb, nxs[b]);
+        if (c < 0) c = oracle_argmin(xs, cb, K, d, &best_d);
+        else if (dist) best_d = pq_sub_distance_ref(xs, cb + size_t(c) * d, d);
+      }
+      assign[i] = c;
+      if (dist) dist[i] = best_d;
+    }
+  }
+}
 #else
-using Top2Fn = void (*)(const SoACentroids&, const float*, int, const float*, const float*, const double*, int32_t*);
+using Top2Fn = void (*)();
 Top2Fn pick_top2_fn(int) { return nullptr; }
+void nearest_range_top2(const SoACentroids&, Top2Fn, const float*, const float*, int64_t, int64_t, int32_t*, float*) {}
 #endif
 
 // First index c in [c0, K) with buf[c] <= thr; K if none.
@@ -324,57 +401,6 @@ int32_t oracle_argmin(const float* xs, const float* cb, int k, int d, float* bes
   }
   *best_out = best_d;
   return best;
-}
-
-// Register-only path (AVX-512, d <= 16); see top2_block.
-void nearest_range_top2(const SoACentroids& s, Top2Fn top2, const float* x, const float* cb, int64_t i0, int64_t i1,
-                        int32_t* assign, float* dist) {
-  const int d = s.d, K = s.K;
-  constexpr int kMaxNb = 8;
-  float xm2[kMaxNb * 16];
-  double nxs[kMaxNb];
-  bool direct[kMaxNb];
-  int32_t code[kMaxNb];
-  const int nbmax = d <= 4 ? 8 : 4;  // = top2_nb(d)
-  for (int64_t p0 = i0; p0 < i1; p0 += nbmax) {
-    const int nb = int(std::min<int64_t>(nbmax, i1 - p0));
-    for (int b = 0; b < nb; ++b) {
-      const float* xs = x + (p0 + b) * d;
-      double nx = 0.0;
-      bool fin = true;
-      for (int j = 0; j < d; ++j) {
-        fin = fin && std::isfinite(xs[j]);
-        nx += double(xs[j]) * xs[j];
-        xm2[b * 16 + j] = -2.0f * xs[j];
-      }
-      const double r = std::sqrt(nx) + s.cmax;
-      nxs[b] = nx;
-      direct[b] = !fin || !(r * r < 1e36);  // non-finite, or squares could overflow: no kernel
-      if (direct[b])
-        for (int j = 0; j < d; ++j) xm2[b * 16 + j] = 0.0f;  // keep the kernel's inputs tame
-    }
-    for (int b = nb; b < nbmax; ++b)
-      for (int j = 0; j < d; ++j) xm2[b * 16 + j] = 0.0f;  // padding points, results ignored
-    top2(s, xm2, nb, x + p0 * d, cb, nxs, code);
-    for (int b = 0; b < nb; ++b) {
-      const int64_t i = p0 + b;
-      const float* xs = x + i * d;
-      float best_d = NAN;
-      int32_t c;
-      if (direct[b]) {
-        bool fin = true;
-        for (int j = 0; j < d; ++j) fin = fin && std::isfinite(xs[j]);
-        c = fin ? oracle_argmin(xs, cb, K, d, &best_d) : 0;
-      } else if (code[b] < 0) {
-        c = oracle_argmin(xs, cb, K, d, &best_d);
-      } else {
-        c = code[b];
-        if (dist) best_d = pq_sub_distance_ref(xs, cb + size_t(c) * d, d);
-      }
-      assign[i] = c;
-      if (dist) dist[i] = best_d;
-    }
-  }
 }
 
 void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const float* cb, int64_t i0, int64_t i1,
@@ -419,8 +445,8 @@ void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const f
       } else {
         const float* bb = buf.data() + size_t(b) * s.Kp;
         const int w = next_candidate(bb, 0, K, amin[b]);  // first index at the minimum
-        const double margin = w < K ? tie_margin(d, nxs[b], dist_d(xs, cb + size_t(w) * d, d)) : 0.0;
-        const float thr = float(double(amin[b]) + margin);
+        const float margin = w < K ? tie_margin(d, float(nxs[b]), dist_f(xs, cb + size_t(w) * d, d)) : 0.0f;
+        const float thr = (amin[b] + margin) + std::fabs(amin[b] + margin) * 0x1p-22f;
         int c = w < K ? next_candidate(bb, 0, K, thr) : K;
         if (c >= K) {  // cannot happen for finite scores; stay correct regardless
           code = oracle_argmin(xs, cb, K, d, &best_d);
