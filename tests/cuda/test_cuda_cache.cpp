@@ -1,0 +1,498 @@
+// tests/cuda/test_cuda_cache.cpp — the CUDA kernels against the CPU oracles, through the
+// device caches (label `cuda`; every test skips with a message where no GPU is present).
+//
+// Tolerance tiers:
+//  * exact: codes (the encoder reproduces the CPU oracle's nearest-centroid rule; a mismatch
+//    is accepted only where the two centroids' oracle distances tie to 1e-6 relative, and the
+//    count is printed), window rows, fetched K̂/V̂, states;
+//  * bounded: attention outputs by NMSE against vecinfer_attention_ref / attention_ref
+//    (double). The kernel runs q̃, centroids and P in fp16 on tensor cores with fp32
+//    accumulation and softmax: per-score errors ~1e-3, so NMSE stays near 1e-6; the bound
+//    kAttnNmse = 2e-4 leaves two orders of margin and still catches any indexing error
+//    (a wrong token or dimension gives NMSE ~ 1).
+#include <algorithm>
+#include <cstdio>
+#include <memory>
+#include <sstream>
+
+#include "core/pq_internal.h"
+#include "cuda_test_util.h"
+#include "veloxquant/attention.h"
+#include "veloxquant/error.h"
+#include "veloxquant/fp16_cache.h"
+#include "veloxquant/vecinfer_cache.h"
+
+namespace vq_cuda_test {
+namespace {
+
+constexpr double kAttnNmse = 2e-4;
+
+const std::vector<Spec>& all_specs() {
+  static const std::vector<Spec> s = {{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}, {8, 8, 8, 8}};
+  return s;
+}
+
+std::unique_ptr<KVCache> make_cuda(const KVCacheConfig& c) { return KVCacheFactory::create(on_cuda(c)); }
+
+CudaKVCache* as_cuda(KVCache* c) {
+  auto* p = dynamic_cast<CudaKVCache*>(c);
+  EXPECT_NE(p, nullptr);
+  return p;
+}
+
+/// Counts code mismatches between two caches' codes, failing on any that is not a near tie.
+/// x: the f32 (transformed, for keys) vectors [bh, n, D] the codes were computed from.
+int check_codes(const Tensor& got, const Tensor& want, const std::vector<float>& x, const ProductQuantizer& pq,
+                const std::string& what) {
+  EXPECT_EQ(got.sizes(), want.sizes()) << what;
+  if (got.sizes() != want.sizes()) return -1;
+  const int64_t rows = got.numel() / pq.code_bytes;
+  std::vector<uint32_t> a(size_t(rows * pq.n_sub)), b(a.size());
+  unpack_codes(got.ptr<uint8_t>(), rows, pq.n_sub, pq.codebook_bits, a.data());
+  unpack_codes(want.ptr<uint8_t>(), rows, pq.n_sub, pq.codebook_bits, b.data());
+  int ties = 0;
+  for (int64_t r = 0; r < rows; ++r)
+    for (int m = 0; m < pq.n_sub; ++m) {
+      const size_t i = size_t(r * pq.n_sub + m);
+      if (a[i] == b[i]) continue;
+      const float* xm = x.data() + r * pq.head_dim + m * pq.sub_dim;
+      const float da = detail::pq_sub_distance_ref(xm, pq.codebook.data() + size_t(a[i]) * pq.sub_dim, pq.sub_dim);
+      const float db = detail::pq_sub_distance_ref(xm, pq.codebook.data() + size_t(b[i]) * pq.sub_dim, pq.sub_dim);
+      EXPECT_LE(std::fabs(da - db), 1e-6f * std::max(db, 1e-30f))
+          << what << ": row " << r << " sub " << m << ": cuda code " << a[i] << " (dist " << da << "), cpu code "
+          << b[i] << " (dist " << db << ")";
+      ++ties;
+    }
+  return ties;
+}
+
+/// f32 rows [bh, n, D] of a [B, H, n, D] tensor, keys transformed as the cache does.
+std::vector<float> encoder_inputs(const Tensor& kv, const KeyTransform* tf) {
+  Tensor f = Tensor::to_f32(kv.view());
+  std::vector<float> x(f.ptr<float>(), f.ptr<float>() + f.numel());
+  if (tf) {
+    const int64_t H = kv.dim(1), n = kv.dim(2), D = kv.dim(3);
+    for (int64_t bh = 0; bh < kv.dim(0) * H; ++bh) tf->forward_keys(x.data() + bh * n * D, n, int(bh % H));
+  }
+  return x;
+}
+
+// ------------------------------------------------------------------------------------------
+TEST(CudaEncode, CodesAndWindowMatchTheCpuCache) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0xC0DE5;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  int total_ties = 0, cases = 0;
+  for (const Spec& s : all_specs())
+    for (int D : {64, 128, 256}) {
+      if (!compiled(s, D)) continue;
+      for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash}) {
+        const int B = 1 + int(rng() % 2), H = 1 + int(rng() % 3), R = int(rng() % 3) * 8;
+        SCOPED_TRACE(s.str() + " D=" + std::to_string(D) + " mode=" + cache_mode_name(mode) +
+                     " B=" + std::to_string(B) + " H=" + std::to_string(H) + " R=" + std::to_string(R));
+        KVCacheConfig c = vq_config(s, mode, D, R, H, rng);
+        VecInferKVCache cpu(c);
+        auto gpu = make_cuda(c);
+        for (int64_t n : {int64_t(37), int64_t(1), int64_t(5)}) {
+          Tensor k = random_tensor({B, H, n, D}, DType::F32, rng, 2.0f);
+          Tensor v = random_tensor({B, H, n, D}, DType::F16, rng);
+          cpu.update(k.view(), v.view());
+          gpu->update(to_device(k).view(), to_device(v).view());
+          // codes of this update: compare the tail of the states
+          const CacheState sc = cpu.state(), sg = gpu->state();
+          auto find = [](const CacheState& st, const char* name) -> const Tensor* {
+            for (const auto& [nm, t] : st)
+              if (nm == name) return &t;
+            return nullptr;
+          };
+          for (const char* name : {"key_codes", "value_codes"}) {
+            const Tensor* a = find(sg, name);
+            const Tensor* b = find(sc, name);
+            ASSERT_TRUE(a && b) << name;
+            // only the newest n tokens: slice [.., off-n .. off)
+            const bool keys = name[0] == 'k';
+            const ProductQuantizer& pq = keys ? cpu.key_quantizer() : cpu.value_quantizer();
+            const int64_t off = cpu.offset();
+            Tensor ga = Tensor::empty({B, H, n, pq.code_bytes}, DType::U8), gb = ga;
+            gb = Tensor::empty({B, H, n, pq.code_bytes}, DType::U8);
+            for (int64_t bh = 0; bh < B * H; ++bh) {
+              std::memcpy(ga.ptr<uint8_t>() + bh * n * pq.code_bytes,
+                          a->ptr<uint8_t>() + (bh * off + off - n) * pq.code_bytes, size_t(n * pq.code_bytes));
+              std::memcpy(gb.ptr<uint8_t>() + bh * n * pq.code_bytes,
+                          b->ptr<uint8_t>() + (bh * off + off - n) * pq.code_bytes, size_t(n * pq.code_bytes));
+            }
+            const std::vector<float> x = encoder_inputs(keys ? k : v, keys ? &cpu.key_transform() : nullptr);
+            const int t = check_codes(ga, gb, x, pq, name);
+            ASSERT_GE(t, 0);
+            total_ties += t;
+          }
+          for (const char* name : {"window_keys", "window_values", "keys", "values"}) {
+            const Tensor* a = find(sg, name);
+            const Tensor* b = find(sc, name);
+            ASSERT_EQ(a == nullptr, b == nullptr) << name;
+            if (!a) continue;
+            ASSERT_EQ(a->sizes(), b->sizes()) << name;
+            // held K̂/V̂ (Stash): window rows exact, older rows dequantized: equal unless a tie moved a code
+            const std::vector<float> fa = a->to_vector_f32(), fb = b->to_vector_f32();
+            int64_t diff = 0;
+            for (size_t i = 0; i < fa.size(); ++i) diff += fa[i] != fb[i];
+            EXPECT_LE(diff, int64_t(total_ties) * D) << name << ": " << diff << " elements differ";
+          }
+          ++cases;
+        }
+      }
+    }
+  std::printf("[cuda encode] %d updates compared, %d near-tie code differences\n", cases, total_ties);
+}
+
+// ------------------------------------------------------------------------------------------
+struct AttnCase {
+  Spec spec;
+  int D, B, H, G, prefix, q_len, R;
+  bool causal;
+  int window;
+  DType qdt;
+  CacheMode mode;
+  float scale;
+};
+
+std::string describe(const AttnCase& a) {
+  std::ostringstream o;
+  o << a.spec.str() << " D=" << a.D << " B=" << a.B << " Hkv=" << a.H << " G=" << a.G << " prefix=" << a.prefix
+    << " q_len=" << a.q_len << " R=" << a.R << " causal=" << a.causal << " window=" << a.window
+    << " q=" << dtype_name(a.qdt) << " mode=" << cache_mode_name(a.mode) << " kscale=" << a.scale;
+  return o.str();
+}
+
+/// Runs one case: both caches get the same tokens (a prefix, then the q_len newest tokens);
+/// the CUDA cache's attention is compared with the oracle on the CPU cache's codes.
+double run_attn_case(const AttnCase& a, std::mt19937_64& rng) {
+  KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
+  VecInferKVCache cpu(c);
+  auto gpu = make_cuda(c);
+  auto feed = [&](int64_t n) {
+    if (n == 0) return;
+    Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
+    Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
+    cpu.update(k.view(), v.view());
+    gpu->update(to_device(k).view(), to_device(v).view());
+  };
+  feed(a.prefix);
+  feed(a.q_len);
+  Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
+  SdpaParams p;
+  p.causal = a.causal;
+  p.sliding_window = a.window;
+  Tensor want = Tensor::empty(q.sizes(), DType::F32);
+  if (a.mode == CacheMode::Standard) {
+    const Tensor kd = cpu.dequantized_keys_f32(), vd = cpu.dequantized_values_f32();
+    attention_ref(q.view(), kd.view(), vd.view(), want.view(), p);
+  } else {
+    vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
+  }
+  Tensor got = gpu->fused_sdpa(to_device(q).view(), p);
+  EXPECT_EQ(got.device(), Device::cuda(0));
+  EXPECT_EQ(got.dtype(), a.qdt);
+  return nmse(floats(got), want.to_vector_f32());
+}
+
+TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0xA77E;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<AttnCase> cases;
+  // awkward fixed shapes first
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  for (int len : {0, 1, 54, 97, 137}) cases.push_back({d4b8, 128, 1, 2, 4, len, 1, 16, true, 0, DType::F16, CacheMode::MemoryBound, 1});
+  cases.push_back({d4b8, 128, 1, 8, 4, 6000, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});    // splits
+  cases.push_back({dflt, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, CacheMode::MemoryBound, 1});   // splits
+  cases.push_back({d4b8, 64, 3, 2, 8, 700, 2, 32, true, 0, DType::F32, CacheMode::MemoryBound, 1});       // 16 rows
+  cases.push_back({d4b8, 128, 1, 1, 1, 300, 16, 8, true, 0, DType::F16, CacheMode::MemoryBound, 1});      // q_len 16
+  cases.push_back({dflt, 128, 1, 2, 4, 500, 5, 0, true, 0, DType::F16, CacheMode::MemoryBound, 1});       // rows 20, R 0
+  cases.push_back({d4b8, 128, 2, 1, 4, 400, 37, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1});     // prefill chunks
+  cases.push_back({d4b8, 128, 1, 2, 4, 900, 3, 16, true, 100, DType::F16, CacheMode::MemoryBound, 1});    // sliding
+  cases.push_back({dflt, 64, 1, 2, 2, 200, 4, 16, false, 0, DType::F32, CacheMode::MemoryBound, 1});      // non-causal
+  cases.push_back({d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 3});     // sharp
+  cases.push_back({dflt, 128, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
+  cases.push_back({d4b8, 64, 1, 3, 2, 250, 3, 16, true, 0, DType::F16, CacheMode::Standard, 1});
+  // random ones over every compiled configuration
+  for (const Spec& s : all_specs())
+    for (int D : {64, 128, 256})
+      for (int r = 0; r < 3; ++r) {
+        if (!compiled(s, D)) continue;
+        AttnCase a{s, D, 1 + int(rng() % 3), 1 + int(rng() % 4), int(std::vector<int>{1, 2, 4, 5, 8}[rng() % 5]),
+                   int(rng() % 1500), 1 + int(rng() % 16), int(std::vector<int>{0, 8, 64, 128}[rng() % 4]),
+                   rng() % 4 != 0, rng() % 5 == 0 ? 1 + int(rng() % 300) : 0,
+                   std::vector<DType>{DType::F16, DType::BF16, DType::F32}[rng() % 3],
+                   std::vector<CacheMode>{CacheMode::MemoryBound, CacheMode::Stash}[rng() % 2], 1.5f};
+        cases.push_back(a);
+      }
+  double worst = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a));
+    const double e = run_attn_case(a, rng);
+    EXPECT_LE(e, kAttnNmse) << describe(a);
+    worst = std::max(worst, e);
+  }
+  std::printf("[cuda attention] %zu cases, worst NMSE %.3g (bound %.1g)\n", cases.size(), worst, kAttnNmse);
+}
+
+// ------------------------------------------------------------------------------------------
+TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(11);
+  for (DType st : {DType::F16, DType::BF16})
+    for (int D : {64, 128}) {
+      KVCacheConfig c;
+      c.kind = CacheKind::FP16;
+      c.head_dim = D;
+      c.storage_dtype = st;
+      c.step = 32;
+      FP16KVCache cpu(c);
+      auto gpu = make_cuda(c);
+      const int B = 2, H = 2, G = 4;
+      for (int64_t n : {int64_t(45), int64_t(1), int64_t(600)}) {
+        Tensor k = random_tensor({B, H, n, D}, DType::F32, rng), v = random_tensor({B, H, n, D}, DType::F32, rng);
+        auto [ck, cv] = cpu.update_and_fetch(k.view(), v.view());
+        auto [gk, gv] = gpu->update_and_fetch(to_device(k).view(), to_device(v).view());
+        EXPECT_EQ(floats(gk), ck.to_vector_f32());
+        EXPECT_EQ(floats(gv), cv.to_vector_f32());
+        Tensor q = random_tensor({B, H * G, 3, D}, DType::F16, rng);
+        Tensor want = Tensor::empty(q.sizes(), DType::F32);
+        SdpaParams p;
+        attention_ref(q.view(), ck.view(), cv.view(), want.view(), p);
+        Tensor got = gpu->fused_sdpa(to_device(q).view(), p);
+        EXPECT_LE(nmse(floats(got), want.to_vector_f32()), kAttnNmse) << dtype_name(st) << " D=" << D;
+      }
+      EXPECT_EQ(gpu->trim(100), 100);
+      EXPECT_EQ(gpu->offset(), 546);
+      EXPECT_EQ(gpu->state().size(), 2u);
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+TEST(CudaCache, StatesRoundTripBetweenCpuAndCuda) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(21);
+  const Spec s{4, 8, 4, 8};
+  for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash, CacheMode::Standard}) {
+    SCOPED_TRACE(cache_mode_name(mode));
+    KVCacheConfig c = vq_config(s, mode, 128, 16, 2, rng);
+    VecInferKVCache cpu(c);
+    auto gpu = make_cuda(c);
+    Tensor k = random_tensor({1, 2, 150, 128}, DType::F32, rng), v = random_tensor({1, 2, 150, 128}, DType::F32, rng);
+    cpu.update(k.view(), v.view());
+    gpu->update(to_device(k).view(), to_device(v).view());
+    ASSERT_EQ(gpu->trim(7), 7);
+    ASSERT_EQ(cpu.trim(7), 7);
+    const CacheState sg = gpu->state();
+    const CacheMetaState mg = gpu->meta_state(), mc = cpu.meta_state();
+    for (const auto& [key, val] : mc)
+      if (key != "capacity") EXPECT_EQ(mg.at(key), val) << key;
+    // CUDA state → CPU cache, and CPU state → a fresh CUDA cache
+    auto back = VecInferKVCache::from_state(sg, mg);
+    auto gpu2 = make_cuda(c);
+    gpu2->restore(cpu.state(), cpu.meta_state());
+    EXPECT_EQ(gpu2->offset(), 143);
+    Tensor q = random_tensor({1, 8, 1, 128}, DType::F32, rng);
+    SdpaParams p;
+    const std::vector<float> a = floats(back->fused_sdpa(q.view(), p));
+    const std::vector<float> b = floats(gpu2->fused_sdpa(to_device(q).view(), p));
+    const std::vector<float> r = floats(cpu.fused_sdpa(q.view(), p));
+    EXPECT_LE(nmse(a, r), 1e-10);
+    EXPECT_LE(nmse(b, r), kAttnNmse);
+    // both continue identically after more tokens
+    Tensor k2 = random_tensor({1, 2, 20, 128}, DType::F32, rng), v2 = random_tensor({1, 2, 20, 128}, DType::F32, rng);
+    cpu.update(k2.view(), v2.view());
+    gpu2->update(to_device(k2).view(), to_device(v2).view());
+    const std::vector<float> r2 = floats(cpu.fused_sdpa(q.view(), p));
+    EXPECT_LE(nmse(floats(gpu2->fused_sdpa(to_device(q).view(), p)), r2), kAttnNmse);
+  }
+}
+
+TEST(CudaCache, BadInputsThrowAndLeaveTheCacheUnchanged) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(5);
+  const Spec s{4, 8, 4, 8};
+  KVCacheConfig c = vq_config(s, CacheMode::MemoryBound, 64, 8, 2, rng);
+  auto gpu = make_cuda(c);
+  Tensor k = random_tensor({1, 2, 10, 64}, DType::F32, rng), v = random_tensor({1, 2, 10, 64}, DType::F32, rng);
+  gpu->update(to_device(k).view(), to_device(v).view());
+  const CacheState before = gpu->state();
+  Tensor bad = random_tensor({1, 2, 3, 64}, DType::F32, rng);
+  bad.ptr<float>()[17] = NAN;
+  Tensor ok = random_tensor({1, 2, 3, 64}, DType::F32, rng);
+  EXPECT_THROW(gpu->update(to_device(bad).view(), to_device(ok).view()), ValueError);
+  Tensor wrong = random_tensor({1, 3, 3, 64}, DType::F32, rng);
+  EXPECT_THROW(gpu->update(to_device(wrong).view(), to_device(wrong).view()), ShapeError);
+  Tensor big = random_tensor({1, 2, 3, 64}, DType::F32, rng);
+  big.ptr<float>()[5] = 1e6f;  // beyond f16
+  EXPECT_THROW(gpu->update(to_device(big).view(), to_device(ok).view()), ValueError);
+  const CacheState after = gpu->state();
+  ASSERT_EQ(before.size(), after.size());
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(before[i].first, after[i].first);
+    const Tensor &x = before[i].second, &y = after[i].second;
+    ASSERT_EQ(x.nbytes(), y.nbytes());
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << before[i].first;
+  }
+  EXPECT_EQ(gpu->offset(), 10);
+  EXPECT_THROW(gpu->update_and_fetch(to_device(ok).view(), to_device(ok).view()), UnsupportedError);
+  EXPECT_FALSE(as_cuda(gpu.get())->device_error());
+}
+
+// ------------------------------------------------------------------------------------------
+/// decode_step captured in a CUDA graph and replayed, against the CPU cache step by step.
+TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(31);
+  for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
+    for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash}) {
+      SCOPED_TRACE(s.str() + " " + cache_mode_name(mode));
+      const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 40;
+      cudaStream_t stream;
+      ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+      KVCacheConfig c = vq_config(s, mode, D, 32, H, rng);
+      VecInferKVCache cpu(c);
+      KVCacheConfig cc = on_cuda(c);
+      cc.stream = stream;
+      auto gpu_owner = KVCacheFactory::create(cc);
+      CudaKVCache* gpu = as_cuda(gpu_owner.get());
+      Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
+      cpu.update(k.view(), v.view());
+      gpu->update(to_device(k).view(), to_device(v).view());
+      gpu->reserve(P + steps);
+      gpu->plan_decode(H * G, 1, P + steps);
+      Tensor dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+      Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+      Tensor dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+      Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+      SdpaParams p;
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+      gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
+      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+      EXPECT_EQ(gpu->offset(), P) << "capturing must not advance the host lengths";
+      double worst = 0;
+      for (int st = 0; st < steps; ++st) {
+        Tensor q = random_tensor({B, H * G, 1, D}, DType::F16, rng);
+        Tensor kn = random_tensor({B, H, 1, D}, DType::F16, rng), vn = random_tensor({B, H, 1, D}, DType::F16, rng);
+        ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), size_t(q.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dk.data(), kn.data(), size_t(kn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(dv.data(), vn.data(), size_t(vn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+        cpu.update(kn.view(), vn.view());
+        Tensor want = Tensor::empty(q.sizes(), DType::F32);
+        vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
+        const double e = nmse(floats(dout), want.to_vector_f32());
+        EXPECT_LE(e, kAttnNmse) << "step " << st;
+        worst = std::max(worst, e);
+      }
+      gpu->sync_seq_lens();
+      EXPECT_EQ(gpu->offset(), P + steps);
+      EXPECT_FALSE(gpu->device_error());
+      // the codes written by the replays equal the CPU cache's (up to near ties)
+      Tensor gk, ck;
+      for (const auto& [n, t] : gpu->state())
+        if (n == "key_codes") gk = t;
+      ck = cpu.key_codes();
+      std::vector<float> all = encoder_inputs(k, &cpu.key_transform());
+      (void)all;
+      ASSERT_EQ(gk.sizes(), ck.sizes());
+      int64_t diff = 0;
+      for (int64_t i = 0; i < gk.numel(); ++i) diff += gk.ptr<uint8_t>()[i] != ck.ptr<uint8_t>()[i];
+      EXPECT_LE(diff, 4) << "code bytes differing after the replays";
+      std::printf("[cuda graph] %s %s: %d replayed steps, worst NMSE %.3g, %lld code bytes differ\n",
+                  s.str().c_str(), cache_mode_name(mode), steps, worst, (long long)diff);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+      gpu_owner.reset();
+      cudaStreamDestroy(stream);
+    }
+}
+
+/// Ragged batch: sequences of different lengths decode together; each matches its own CPU cache.
+TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(41);
+  const Spec s{4, 12, 8, 8};
+  const int B = 3, H = 2, G = 4, D = 128, P = 300, steps = 6;
+  const std::vector<int64_t> lens{300, 170, 41};
+  KVCacheConfig c = vq_config(s, CacheMode::MemoryBound, D, 64, H, rng);
+  auto gpu_owner = make_cuda(c);
+  CudaKVCache* gpu = as_cuda(gpu_owner.get());
+  Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
+  gpu->update(to_device(k).view(), to_device(v).view());
+  gpu->set_seq_lens(lens);
+  std::vector<std::unique_ptr<VecInferKVCache>> cpus;
+  for (int b = 0; b < B; ++b) {
+    cpus.push_back(std::make_unique<VecInferKVCache>(c));
+    Tensor kb = Tensor::empty({1, H, P, D}, DType::F32), vb = Tensor::empty({1, H, P, D}, DType::F32);
+    std::memcpy(kb.data(), k.ptr<float>() + b * H * P * D, size_t(H * P * D * 4));
+    std::memcpy(vb.data(), v.ptr<float>() + b * H * P * D, size_t(H * P * D * 4));
+    cpus[b]->update(kb.view(), vb.view());
+    cpus[b]->trim(P - lens[size_t(b)]);
+  }
+  gpu->reserve(P + steps);
+  gpu->plan_decode(H * G, 1, P);
+  SdpaParams p;
+  double worst = 0;
+  for (int st = 0; st < steps; ++st) {
+    Tensor q = random_tensor({B, H * G, 1, D}, DType::F32, rng);
+    Tensor kn = random_tensor({B, H, 1, D}, DType::F32, rng), vn = random_tensor({B, H, 1, D}, DType::F32, rng);
+    Tensor dout = Tensor::empty(q.sizes(), DType::F32, Device::cuda(0));
+    Tensor dq = to_device(q), dk = to_device(kn), dv = to_device(vn);
+    gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
+    const std::vector<float> got = floats(dout);
+    for (int b = 0; b < B; ++b) {
+      Tensor kb = Tensor::empty({1, H, 1, D}, DType::F32), vb = Tensor::empty({1, H, 1, D}, DType::F32);
+      Tensor qb = Tensor::empty({1, H * G, 1, D}, DType::F32), wb = Tensor::empty({1, H * G, 1, D}, DType::F32);
+      std::memcpy(kb.data(), kn.ptr<float>() + b * H * D, size_t(H * D * 4));
+      std::memcpy(vb.data(), vn.ptr<float>() + b * H * D, size_t(H * D * 4));
+      std::memcpy(qb.data(), q.ptr<float>() + b * H * G * D, size_t(H * G * D * 4));
+      cpus[b]->update(kb.view(), vb.view());
+      vecinfer_attention_ref(cpus[b]->attention_inputs(), qb.view(), wb.view(), p);
+      const std::vector<float> g(got.begin() + b * H * G * D, got.begin() + (b + 1) * H * G * D);
+      const double e = nmse(g, wb.to_vector_f32());
+      EXPECT_LE(e, kAttnNmse) << "step " << st << " sequence " << b;
+      worst = std::max(worst, e);
+    }
+  }
+  for (int b = 0; b < B; ++b) EXPECT_EQ(gpu->seq_lens()[size_t(b)], lens[size_t(b)] + steps);
+  EXPECT_THROW(gpu->state(), UnsupportedError);
+  std::printf("[cuda ragged] %d steps x %d sequences, worst NMSE %.3g\n", steps, B, worst);
+}
+
+/// Standard mode: fetched K̂/V̂ equal the CPU cache's (window exact, older dequantized).
+TEST(CudaCache, StandardFetchMatchesTheCpuCache) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(51);
+  for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}}) {
+    KVCacheConfig c = vq_config(s, CacheMode::Standard, 128, 16, 2, rng);
+    c.storage_dtype = DType::BF16;
+    VecInferKVCache cpu(c);
+    auto gpu = make_cuda(c);
+    int64_t mism = 0, total = 0;
+    for (int64_t n : {int64_t(10), int64_t(1), int64_t(30), int64_t(2)}) {
+      Tensor k = random_tensor({1, 2, n, 128}, DType::F32, rng), v = random_tensor({1, 2, n, 128}, DType::F32, rng);
+      auto [ck, cv] = cpu.update_and_fetch(k.view(), v.view());
+      auto [gk, gv] = gpu->update_and_fetch(to_device(k).view(), to_device(v).view());
+      const std::vector<float> a = floats(gk), b = ck.to_vector_f32(), a2 = floats(gv), b2 = cv.to_vector_f32();
+      ASSERT_EQ(a.size(), b.size());
+      for (size_t i = 0; i < a.size(); ++i) mism += (a[i] != b[i]) + (a2[i] != b2[i]);
+      total += int64_t(a.size()) * 2;
+    }
+    EXPECT_LE(mism, total / 1000) << s.str() << ": " << mism << " of " << total << " elements differ";
+    std::printf("[cuda standard] %s: %lld of %lld fetched elements differ\n", s.str().c_str(), (long long)mism,
+                (long long)total);
+  }
+}
+
+}  // namespace
+}  // namespace vq_cuda_test
