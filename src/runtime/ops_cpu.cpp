@@ -2,8 +2,9 @@
 //
 // matmul computes y[n, rows] = x[n, cols] · wᵀ with w [rows, cols] row-major (nn.Linear's
 // layout), so every output element is a dot product of two contiguous rows. That layout
-// decides the kernel: a 2 × 4 register tile (2 rows of x, 4 rows of w, 8 AVX accumulators)
-// streams along `cols`, loading each w element once per pair of x rows. Threads take blocks
+// decides the kernel: a register tile of kTileRows rows of x × 4 rows of w streams along
+// `cols`, loading each w element once per kTileRows rows of x — 4 × 4 with AVX-512 (16 zmm
+// accumulators of 32 registers, masked loads for the tail), 2 × 4 with AVX2 (8 of 16 ymm). Threads take blocks
 // of w rows. For f16/bf16 weights and n >= 4 a block of w rows is first converted to f32 in a
 // per-thread buffer (the conversion is then amortised over all rows of x); for decode (n < 4)
 // the rows are converted on the fly inside the dot products (one pass over the weights, which
@@ -16,6 +17,9 @@
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
 #define VQ_RT_AVX2 1
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define VQ_RT_AVX512 1
+#endif
 #endif
 
 #include "veloxquant/error.h"
@@ -75,12 +79,18 @@ struct LoadF32 {
 #ifdef VQ_RT_AVX2
   static __m256 vec(const T* p) { return _mm256_loadu_ps(p); }
 #endif
+#ifdef VQ_RT_AVX512
+  static __m512 vec16(const T* p, __mmask16 m) { return _mm512_maskz_loadu_ps(m, p); }
+#endif
 };
 struct LoadF16 {
   using T = uint16_t;
   static float scalar(const T* p) { return half_to_float(*p); }
 #ifdef VQ_RT_AVX2
   static __m256 vec(const T* p) { return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))); }
+#endif
+#ifdef VQ_RT_AVX512
+  static __m512 vec16(const T* p, __mmask16 m) { return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p)); }
 #endif
 };
 struct LoadBF16 {
@@ -90,6 +100,11 @@ struct LoadBF16 {
   static __m256 vec(const T* p) {
     const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
     return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+  }
+#endif
+#ifdef VQ_RT_AVX512
+  static __m512 vec16(const T* p, __mmask16 m) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, p)), 16));
   }
 #endif
 };
@@ -107,11 +122,32 @@ inline float hsum(__m256 v) {
 }
 #endif
 
-// out[i][j] = dot(x row i, w row j) for i < NI (1 or 2), j < NJ (1..4); rows given by pointers.
+#ifdef VQ_RT_AVX512
+constexpr int kTileRows = 4;
+#else
+constexpr int kTileRows = 2;
+#endif
+
+// out[i][j] = dot(x row i, w row j) for i < NI (<= kTileRows), j < NJ (1 or 4).
 template <class L, int NI, int NJ>
-inline void dot_tile(const float* const* xs, const typename L::T* const* ws, int64_t cols, float out[2][4]) {
+inline void dot_tile(const float* const* xs, const typename L::T* const* ws, int64_t cols, float out[4][4]) {
   int64_t c = 0;
-#ifdef VQ_RT_AVX2
+#if defined(VQ_RT_AVX512)
+  __m512 acc[NI][NJ];
+  for (int i = 0; i < NI; ++i)
+    for (int j = 0; j < NJ; ++j) acc[i][j] = _mm512_setzero_ps();
+  for (; c < cols; c += 16) {
+    const __mmask16 m = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1u);
+    __m512 xv[NI];
+    for (int i = 0; i < NI; ++i) xv[i] = _mm512_maskz_loadu_ps(m, xs[i] + c);
+    for (int j = 0; j < NJ; ++j) {
+      const __m512 wv = L::vec16(ws[j] + c, m);
+      for (int i = 0; i < NI; ++i) acc[i][j] = _mm512_fmadd_ps(xv[i], wv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < NI; ++i)
+    for (int j = 0; j < NJ; ++j) out[i][j] = _mm512_reduce_add_ps(acc[i][j]);
+#elif defined(VQ_RT_AVX2)
   __m256 acc[NI][NJ];
   for (int i = 0; i < NI; ++i)
     for (int j = 0; j < NJ; ++j) acc[i][j] = _mm256_setzero_ps();
@@ -129,11 +165,25 @@ inline void dot_tile(const float* const* xs, const typename L::T* const* ws, int
   for (int i = 0; i < NI; ++i)
     for (int j = 0; j < NJ; ++j) out[i][j] = 0.0f;
 #endif
-  for (; c < cols; ++c) {
+  for (; c < cols; ++c) {  // scalar tail (none with AVX-512: masked loads cover it)
     for (int j = 0; j < NJ; ++j) {
       const float wv = L::scalar(ws[j] + c);
       for (int i = 0; i < NI; ++i) out[i][j] += xs[i][c] * wv;
     }
+  }
+}
+
+template <class L, int NJ>
+inline void dot_tile_n(int ni, const float* const* xs, const typename L::T* const* ws, int64_t cols,
+                       float out[4][4]) {
+  switch (ni) {
+    case 1: dot_tile<L, 1, NJ>(xs, ws, cols, out); break;
+    case 2: dot_tile<L, 2, NJ>(xs, ws, cols, out); break;
+#ifdef VQ_RT_AVX512
+    case 3: dot_tile<L, 3, NJ>(xs, ws, cols, out); break;
+    case 4: dot_tile<L, 4, NJ>(xs, ws, cols, out); break;
+#endif
+    default: break;
   }
 }
 
@@ -142,25 +192,23 @@ inline void dot_tile(const float* const* xs, const typename L::T* const* ws, int
 template <class L>
 void matmul_rows(const float* x, int64_t n, const typename L::T* wbase, int64_t wstride, int64_t r0, int64_t r1,
                  int64_t cols, int64_t out_stride, const float* bias, float* y) {
-  float out[2][4];
+  float out[4][4];
   for (int64_t r = r0; r < r1; r += 4) {
     const int nj = int(std::min<int64_t>(4, r1 - r));
-    for (int64_t i = 0; i < n; i += 2) {
-      const int ni = int(std::min<int64_t>(2, n - i));
-      const float* xs[2] = {x + i * cols, x + (i + ni - 1) * cols};
+    for (int64_t i = 0; i < n; i += kTileRows) {
+      const int ni = int(std::min<int64_t>(kTileRows, n - i));
+      const float* xs[4];
+      for (int ii = 0; ii < 4; ++ii) xs[ii] = x + (i + std::min(ii, ni - 1)) * cols;
       if (nj == 4) {
         const typename L::T* ws[4] = {wbase + (r - r0) * wstride, wbase + (r - r0 + 1) * wstride,
                                       wbase + (r - r0 + 2) * wstride, wbase + (r - r0 + 3) * wstride};
-        if (ni == 2) dot_tile<L, 2, 4>(xs, ws, cols, out);
-        else dot_tile<L, 1, 4>(xs, ws, cols, out);
+        dot_tile_n<L, 4>(ni, xs, ws, cols, out);
       } else {  // edge block: one w row at a time
         for (int j = 0; j < nj; ++j) {
           const typename L::T* ws[1] = {wbase + (r - r0 + j) * wstride};
-          float o1[2][4] = {};
-          if (ni == 2) dot_tile<L, 2, 1>(xs, ws, cols, o1);
-          else dot_tile<L, 1, 1>(xs, ws, cols, o1);
-          out[0][j] = o1[0][0];
-          out[1][j] = o1[1][0];
+          float o1[4][4] = {};
+          dot_tile_n<L, 1>(ni, xs, ws, cols, o1);
+          for (int ii = 0; ii < ni; ++ii) out[ii][j] = o1[ii][0];
         }
       }
       for (int ii = 0; ii < ni; ++ii)
