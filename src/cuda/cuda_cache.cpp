@@ -316,6 +316,13 @@ class CudaCacheBase : public CudaKVCache {
     rch_ = rcs;
   }
 
+  /// Whether the cache's stream is being captured into a graph (the host mirror then stays put).
+  bool capturing() const {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    VQ_CU(cudaStreamIsCapturing(cs(stream_), &st));
+    return st != cudaStreamCaptureStatusNone;
+  }
+
   bool uniform() const {
     for (int64_t l : lens_)
       if (l != lens_[0]) return false;
@@ -500,7 +507,7 @@ class CudaFP16Cache final : public CudaCacheBase {
     cuda::append_rows_launch(dev4(v), int(batch_), n_kv_heads_, n, config_.head_dim, held_v_.data(), bf, capacity_,
                              len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
     run_attention(q, out, params, n, true, true);
-    for (auto& l : lens_) l += n;
+    if (!capturing()) for (auto& l : lens_) l += n;
   }
 
   void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
@@ -762,6 +769,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     const int n = plan_.q_len;
     launch_append(dev4(k), dev4(v), n, true);
     run_attention(q, out, params, n, true, true);
+    if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them
     for (size_t b = 0; b < lens_.size(); ++b) {
       lens_[b] += n;
       rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);

@@ -219,7 +219,7 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
-  if (sd.sub != SD) return;  // the other side is served by another instantiation
+  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2))) return;  // served elsewhere / not asked for
   const int nC = 1 << sd.bits;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* const s_cb = reinterpret_cast<float*>(smem);                  // [nC][SD] (throughput mode)

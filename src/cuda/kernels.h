@@ -138,6 +138,7 @@ struct EncodeParams {
   const int32_t* res_count = nullptr;
   int residual_length = 0;
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
+  int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
 };
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
