@@ -3,9 +3,9 @@
 // src/cpu/pq.cpp are tested against these.
 //
 // Encode rule (the definition every backend reproduces): for each sub-vector x_m the code is
-// argmin_c Σ_j (x_m[j] − codebook[c][j])², the sum taken in f32 with j ascending
-// (pq_sub_distance_ref), ties to the lowest index. A sub-vector holding a non-finite value
-// encodes to code 0.
+// argmin_c Σ_j (x_m[j] − codebook[c][j])², each difference, square and partial sum rounded to
+// f32 with j ascending and no FMA contraction (pq_sub_distance_ref), ties to the lowest index.
+// A sub-vector holding a non-finite value encodes to code 0.
 #include <cmath>
 #include <cstring>
 
@@ -17,11 +17,23 @@ namespace veloxquant {
 
 namespace detail {
 
+// Every operation rounded to f32 on its own: t = x − c, p = t·t, acc = acc + p, j ascending.
+// Contraction into FMAs is switched off so the definition does not depend on the target ISA
+// (a CUDA port reproduces it with __fsub_rn / __fmul_rn / __fadd_rn).
+#if defined(__clang__)
 __attribute__((noinline)) float pq_sub_distance_ref(const float* x, const float* c, int sub_dim) {
+#pragma clang fp contract(off)
+#elif defined(__GNUC__)
+__attribute__((noinline, optimize("fp-contract=off"))) float pq_sub_distance_ref(const float* x, const float* c,
+                                                                                   int sub_dim) {
+#else
+float pq_sub_distance_ref(const float* x, const float* c, int sub_dim) {
+#endif
   float acc = 0.0f;
   for (int j = 0; j < sub_dim; ++j) {
     const float t = x[j] - c[j];
-    acc += t * t;
+    const float p = t * t;
+    acc = acc + p;
   }
   return acc;
 }
