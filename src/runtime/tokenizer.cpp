@@ -669,6 +669,12 @@ std::string StreamDecoder::push(int32_t id) {
   return out;
 }
 
+void StreamDecoder::prime(std::span<const int32_t> context_ids) {
+  ids_.assign(context_ids.begin(), context_ids.end());
+  prefix_ = tok_.impl_->decode(ids_.data(), ids_.size(), skip_special_);
+  prefix_index_ = ids_.size();
+}
+
 std::string StreamDecoder::flush() {
   const std::string text = tok_.impl_->decode(ids_.data(), ids_.size(), skip_special_);
   std::string out;

@@ -16,6 +16,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "veloxquant/error.h"
 #include "veloxquant/runtime/tokenizer.h"
@@ -245,6 +246,23 @@ TEST(TokenizerStream, Llama31) { check_stream("llama3_1"); }
 TEST(TokenizerStream, Llama2) { check_stream("llama2"); }
 TEST(TokenizerStream, Llama2Metaspace) { check_stream("llama2_metaspace"); }
 
+// One Tokenizer shared by four threads (the word cache and the regex are shared state):
+// every thread's encodings still match the reference.
+TEST(TokenizerConcurrency, Qwen3EncodeFromThreads) {
+  LOAD_OR_RETURN(r, "qwen3");
+  const json& cases = r->ref["encode"];
+  std::vector<size_t> wrong(4, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t)
+    threads.emplace_back([&, t] {
+      for (size_t i = static_cast<size_t>(t); i < cases.size(); i += 2)  // overlapping halves
+        if (r->tok.encode(cases[i]["text"].get<std::string>(), false) != cases[i]["ids"].get<std::vector<int32_t>>())
+          ++wrong[t];
+    });
+  for (auto& th : threads) th.join();
+  for (int t = 0; t < 4; ++t) EXPECT_EQ(wrong[t], 0u) << "thread " << t;
+}
+
 TEST(TokenizerReference, SpecialIdsAndMetadata) {
   {
     LOAD_OR_RETURN(r, "qwen3");
@@ -392,6 +410,12 @@ TEST(TokenizerSynthetic, ByteFallbackAndStrip) {
   EXPECT_EQ(sd.push(1 + 0xC3), "");
   EXPECT_EQ(sd.push(1 + 0xA9), "\xC3\xA9");
   EXPECT_EQ(sd.flush(), "");
+  // Alone, "▁hi" decodes to "hi" (Strip); after a primed context it keeps its space.
+  vr::StreamDecoder cont(t);
+  EXPECT_EQ(cont.push(261), "hi");
+  cont.prime(std::vector<int32_t>{261});
+  EXPECT_EQ(cont.push(261), " hi");
+  EXPECT_EQ(cont.flush(), "");
 }
 
 TEST(TokenizerFormat, UnsupportedComponentsAreNamed) {

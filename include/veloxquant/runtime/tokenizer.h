@@ -33,10 +33,14 @@ namespace veloxquant::runtime {
 class Tokenizer {
  public:
   /// Loads `tokenizer_json` (a Hugging Face tokenizer.json) and, if given and present,
-  /// `tokenizer_config_json` (bos_token / eos_token / add_bos_token / add_eos_token).
+  /// `tokenizer_config_json` (its bos_token / eos_token / pad_token name the special ids;
+  /// add_bos_token is not consulted: tokenizer.json's post_processor decides what
+  /// encode(text, true) adds, as in the `tokenizers` library).
   /// When `tokenizer_config_json` is empty, "tokenizer_config.json" next to the first file
-  /// is used if it exists. Throws IoError (unreadable file) or FormatError (malformed or
-  /// unsupported content, message names the component).
+  /// is used if it exists. Added tokens get their ids as the reference assigns them (the id
+  /// of the same string in the model vocabulary, else the next free id past it), which for
+  /// files written by the library equals the ids in the file. Throws IoError (unreadable
+  /// file) or FormatError (malformed or unsupported content, message names the component).
   static Tokenizer from_file(const std::filesystem::path& tokenizer_json,
                              const std::filesystem::path& tokenizer_config_json = {});
   /// Same as from_file, from in-memory JSON texts (`tokenizer_config_json` may be empty).
@@ -91,10 +95,17 @@ class Tokenizer {
 /// final — complete UTF-8 characters that later tokens cannot change (e.g. a multi-byte
 /// character split over two byte tokens is returned once both arrived; the sentencepiece
 /// leading-space strip is applied exactly once at the start). The concatenation of all
-/// push() results and flush() equals decode(all ids, skip_special_tokens).
+/// push() results and flush() equals decode(all ids, skip_special_tokens) (tested on the
+/// reference corpora). Works as the reference's DecodeStream: the ids since the last emitted
+/// text are decoded together with the ids emitted just before them as context.
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special_tokens = true);
+  /// Forgets all pushed ids and takes `context_ids` (e.g. the last few prompt tokens) as
+  /// already-emitted context: later pushes return only text beyond decode(context_ids), decoded
+  /// in that context (so a sentencepiece "▁word" after a prompt keeps its leading space, which
+  /// decoding it alone would strip).
+  void prime(std::span<const int32_t> context_ids);
   /// Appends `id`; returns the newly completed text (possibly empty).
   std::string push(int32_t id);
   /// Returns whatever is still pending (incomplete bytes become U+FFFD) and resets.
