@@ -477,7 +477,13 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   const size_t smem = (CS == 1 ? size_t(nmax) * (SD + 1) * 4 : 0) + size_t(kEncWarps) * TPJ * D * 4 +
                       size_t(kEncWarps) * TPJ * kNSub * 4 + size_t(kEncWarps) * 32 * SPL * 8;
   auto kern = vq_encode_kernel<D, SD, SPL, CS>;
-  VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  if (smem > 48 * 1024 && smem_set[dev & 15] < smem) {
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_set[dev & 15] = smem;
+  }
   const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
   const int64_t jobs = (n_th + TPJ - 1) / TPJ;
   int blocks;
