@@ -33,9 +33,16 @@ struct SyntheticKVConfig {
   float rope_theta = 10000.0f;   ///< RoPE base
   int latent_rank = 16;          ///< rank of the token content signal
   float latent_corr = 0.9f;      ///< AR(1) coefficient of the latent over positions
-  int n_outlier_pairs = 3;       ///< RoPE channel pairs per (layer, kv head) that are outliers
-  float outlier_scale_min = 6.0f;   ///< outlier magnitude relative to ordinary channels ...
-  float outlier_scale_max = 24.0f;  ///< ... drawn log-uniformly per (layer, head, pair)
+  int n_outlier_pairs = 4;       ///< RoPE channel pairs per (layer, kv head) that are outliers
+  float outlier_scale_min = 8.0f;   ///< outlier magnitude relative to ordinary channels ...
+  float outlier_scale_max = 32.0f;  ///< ... drawn log-uniformly per (layer, head, pair)
+  float channel_scale_spread = 0.5f;  ///< log-normal σ of ordinary key channels' scales
+  /// γ: ordinary key channel scales grow with RoPE wavelength, × exp(γ·(i/(head_dim/2) − 0.5))
+  /// for pair i (low-frequency pairs carry larger keys, as measured in real models)
+  float key_freq_trend = 1.0f;
+  float outlier_spread = 0.25f;  ///< token-to-token std of an outlier channel / its magnitude
+  float query_whitening = 1.0f;  ///< β: the retrieval part of q weights channel c by key_scale_c^(−β)
+  float query_outlier_bias = 0.3f;  ///< std of the query bias on outlier channels
   float score_std = 2.5f;        ///< target std of q·k/√head_dim for generated queries
 };
 

@@ -149,7 +149,8 @@ SyntheticKVModel::SyntheticKVModel(const SyntheticKVConfig& c) : config_(c) {
       const float map_std = float(1.0 / std::sqrt(double(r)));
       for (int ch = 0; ch < D; ++ch) {
         p.key_mean[size_t(ch)] = 0.5f * rng.normal();
-        p.key_scale[size_t(ch)] = std::exp(0.3f * rng.normal());
+        p.key_scale[size_t(ch)] = std::exp(c.channel_scale_spread * rng.normal() +
+                                           c.key_freq_trend * (float(ch % half) / float(half) - 0.5f));
         p.value_mean[size_t(ch)] = 0.1f * rng.normal();
         p.value_scale[size_t(ch)] = std::exp(0.25f * rng.normal());
       }
@@ -171,7 +172,7 @@ SyntheticKVModel::SyntheticKVModel(const SyntheticKVConfig& c) : config_(c) {
         for (int ch : {pair, pair + half}) {
           const float sign = rng.uniform() < 0.5 ? -1.0f : 1.0f;
           p.key_mean[size_t(ch)] = sign * s * float(0.7 + 0.3 * rng.uniform());
-          p.key_scale[size_t(ch)] *= 0.25f * s;
+          p.key_scale[size_t(ch)] *= c.outlier_spread * s;
         }
       }
     }
@@ -261,7 +262,7 @@ SyntheticSequence SyntheticKVModel::generate(int64_t n_tokens, int n_queries, ui
     std::vector<float> bias(size_t(D), 0.0f);
     for (size_t k = 0; k < p.outlier_pairs.size(); ++k)
       for (int ch : {p.outlier_pairs[k], p.outlier_pairs[k] + D / 2})
-        bias[size_t(ch)] = 0.3f * rng.normal() * (p.key_mean[size_t(ch)] > 0 ? 1.0f : -1.0f);
+        bias[size_t(ch)] = c.query_outlier_bias * rng.normal() * (p.key_mean[size_t(ch)] > 0 ? 1.0f : -1.0f);
     std::vector<float> q(static_cast<size_t>(D));
     for (int i = 0; i < n_queries; ++i) {
       const int64_t pos = seq.query_positions[size_t(i)];
@@ -273,7 +274,7 @@ SyntheticSequence SyntheticKVModel::generate(int64_t n_tokens, int n_queries, ui
         for (int k = 0; k < r; ++k) s += a[k] * zj[k];
         // Normalised by the channel's key scale so outlier channels do not dominate the
         // query by construction; the keys' own outliers still dominate q·k.
-        q[size_t(ch)] = s / p.key_scale[size_t(ch)] + bias[size_t(ch)] + 0.3f * rng.normal();
+        q[size_t(ch)] = s * std::pow(p.key_scale[size_t(ch)], -c.query_whitening) + bias[size_t(ch)] + 0.3f * rng.normal();
       }
       apply_rope(q.data(), 1, D, pos, inv_freq_);
       // Scale so std over visible keys of q·k/√D equals score_std (strided sample of keys).
