@@ -77,7 +77,13 @@ GenerateResult generate(const Model& model, LayerCaches& caches, std::span<const
   std::vector<int32_t> history(prompt.begin(), prompt.end());
   Sampler sampler(params.sampler);
   std::optional<StreamDecoder> decoder;
-  if (tokenizer) decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
+  if (tokenizer) {
+    decoder.emplace(*tokenizer, /*skip_special_tokens=*/true);
+    // Decode in the prompt's context (a sentencepiece "▁word" right after the prompt keeps its
+    // space); the last few prompt tokens are context enough.
+    const size_t ctx = std::min<size_t>(prompt.size(), 16);
+    decoder->prime(prompt.subspan(prompt.size() - ctx));
+  }
   size_t emitted = 0;  // bytes of res.text handed to on_text
   bool stopped = false;
   auto emit_upto = [&](size_t end) {
