@@ -1,19 +1,19 @@
-// veloxquant/runtime/tokenizer.h — a Hugging Face `tokenizer.json` tokenizer (encode/decode).
+// veloxquant/runtime/tokenizer.h — a Hugging Face `tokenizer.json` tokenizer (encode/decode)
+// that reproduces the Rust `tokenizers` library bit for bit (see docs/tokenizer.md).
 //
 // Supported (anything else throws FormatError naming the component, e.g.
 // "tokenizer.json: model.type 'Unigram' is not supported"):
-//   * byte-level BPE (GPT-2 style: Llama-3, Qwen2/Qwen3): normalizer none/NFC, pre_tokenizer
-//     Sequence[Split(regex), ByteLevel] or ByteLevel, GPT-2 byte↦unicode map, merges with
-//     ranks, `ignore_merges`; decoder ByteLevel.
-//   * sentencepiece-style BPE (Llama-2, Mistral): normalizer Sequence[Prepend("▁"),
-//     Replace(" ", "▁")] or pre_tokenizer Metaspace, `byte_fallback` with <0xNN> tokens,
-//     decoder Sequence[Replace("▁", " "), ByteFallback, Fuse, Strip] or Metaspace.
+//   * model BPE: byte-level (GPT-2 byte map: Llama-3, Qwen2/Qwen3; `ignore_merges`) and
+//     sentencepiece-style (Llama-2, Mistral: `byte_fallback` with <0xNN> tokens, unk/fuse_unk).
+//   * normalizers Sequence, NFC/NFD/NFKC/NFKD, Prepend, Replace, Lowercase, Strip;
+//     pre-tokenizers Sequence, Split (regex or string, every behaviour), ByteLevel, Metaspace,
+//     Digits; decoders Sequence, ByteLevel, Replace, ByteFallback, Fuse, Strip, Metaspace;
+//     post-processors TemplateProcessing, ByteLevel, Sequence, Bert/RobertaProcessing.
 //   * added tokens (`added_tokens`, special or not) are matched in the raw text before the
-//     model runs, honouring lstrip/rstrip/single_word/normalized; post_processor
-//     TemplateProcessing / ByteLevel / Sequence adds bos/eos when add_special_tokens is true.
+//     model runs, honouring lstrip/rstrip/single_word/normalized.
 //
 // Split regexes are run with ICU's regex engine on the pattern string found in the file,
-// so \p{L}, \p{N} and lookahead behave as in the reference (Rust `onig`/`fancy-regex`).
+// so \p{L}, \p{N}, (?i:...) and lookahead behave as in the reference (Oniguruma).
 //
 // A Tokenizer is immutable after construction (encode keeps an internal word cache guarded
 // by a mutex), cheap to copy (shared state) and safe to use from several threads.
