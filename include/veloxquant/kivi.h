@@ -8,14 +8,18 @@
 // rounded to fp16 before encoding (so encoding sees what decoding will). scale = (max − min) /
 // (2^bits − 1); a constant group gets scale 0 and decodes exactly to its (fp16) value.
 //
-// Residual window, the same semantics as VecInferKVCache: the most recent
-// min(residual_length, tokens since the last trim...) tokens stay exact (rounded to fp16).
-// Values: a token is quantized as soon as it leaves the window. Keys: tokens are grouped by
-// absolute position into blocks [g·G, (g+1)·G); a block is quantized once all of its tokens have
-// left the window, so between residual_length and residual_length + G − 1 of the newest keys are
-// fp16 (KIVI's own policy; it favours KIVI slightly and is counted in its bytes). trim() of
-// quantized tokens is refused? No: trim keeps the quantized blocks (a trimmed partial key block
-// is dequantized back into the fp16 part, so trim is exact with respect to what attention saw).
+// Residual window, the same semantics as VecInferKVCache: residual_count = min(residual_length,
+// residual_count + n_new) on append, max(0, residual_count − n) on trim, and the window is the
+// positions [offset − residual_count, offset), kept exact (rounded to fp16). Outside it:
+//   values  a token is quantized as soon as it leaves the window;
+//   keys    tokens are grouped by absolute position into blocks [g·G, (g+1)·G); a block is
+//           quantized once all of its tokens have left the window, so between residual_count and
+//           residual_count + G − 1 of the newest keys are fp16 (KIVI's own policy; it favours KIVI
+//           slightly and its bytes are counted).
+// Quantization reads the fp16-rounded rows. trim() into a quantized key block moves that block's
+// surviving rows back to the fp16 part as their dequantized values (what attention saw), so a
+// trim changes nothing that is kept; the block is quantized again (from those values) once it
+// leaves the window again.
 //
 // Bits per element, KIVI's own count: bits + 32/G (b2g32 → 3.0, b2g128 → 2.25).
 #pragma once
