@@ -3,6 +3,7 @@
 // generation against independent computations.
 #include <cmath>
 #include <cstdio>
+#include <fstream>
 #include <random>
 
 #include <unistd.h>
@@ -418,6 +419,19 @@ TEST(RuntimeModel, LoadErrorsNameTheTensorOrFile) {
   } catch (const FormatError& e) {
     EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("[288, 32]"), std::string::npos) << e.what();
+  }
+  // A shard index that assigns a tensor to a shard without it.
+  fs::remove(dir / "model.safetensors");
+  fs::copy_file(vqtest::tiny_dir("tiny-llama") / "model-00001-of-00002.safetensors", dir / "a.safetensors");
+  {
+    std::ofstream f(dir / "model.safetensors.index.json");
+    f << R"({"metadata": {}, "weight_map": {"lm_head.weight": "a.safetensors"}})";
+  }
+  try {
+    WeightStore::open(dir);
+    FAIL();
+  } catch (const FormatError& e) {
+    EXPECT_NE(std::string(e.what()).find("lm_head.weight"), std::string::npos) << e.what();
   }
   fs::remove_all(dir);
 }
