@@ -35,6 +35,7 @@ void FP16KVCache::append(const TensorView& keys, const TensorView& values) {
   const int64_t B = keys.shape[0], Hkv = keys.shape[1], n = keys.shape[2], D = keys.shape[3];
   const DType st = config_.storage_dtype;
   const int es = dtype_size(st);
+  if (n == 0) return;  // an update of no tokens changes nothing (batch is fixed by a real one)
   if (offset_ + n > capacity_ || batch_ == 0) {
     // Allocate first (may throw: nothing changed yet), then copy the live tokens.
     const int64_t cap = std::max<int64_t>(round_up(offset_ + n, config_.step), config_.step);
@@ -80,6 +81,9 @@ void FP16KVCache::update(const TensorView& keys, const TensorView& values) {
 std::pair<Tensor, Tensor> FP16KVCache::update_and_fetch(const TensorView& keys, const TensorView& values) {
   check_kv(keys, values);
   append(keys, values);
+  if (offset_ == 0)  // nothing held yet (an update of no tokens)
+    return {Tensor::empty({keys.shape[0], keys.shape[1], 0, config_.head_dim}, config_.storage_dtype),
+            Tensor::empty({keys.shape[0], keys.shape[1], 0, config_.head_dim}, config_.storage_dtype)};
   return {Tensor::copy_of(keys_view()), Tensor::copy_of(values_view())};
 }
 

@@ -115,6 +115,7 @@ void VecInferKVCache::append(const TensorView& keys, const TensorView& values) {
   const int64_t o = offset_, w = residual_count_;
   const int64_t new_off = o + n, new_rc = std::min(R, w + n), new_start = new_off - new_rc;
   const int64_t nbh = B * Hkv;
+  if (n == 0) return;  // an update of no tokens changes nothing (batch is fixed by a real one)
 
   // (1) transform (first update only).
   KeyTransform fresh;
@@ -274,6 +275,9 @@ std::pair<Tensor, Tensor> VecInferKVCache::update_and_fetch(const TensorView& ke
   check_kv(keys, values);
   append(keys, values);
   const int64_t D = config_.head_dim;
+  if (offset_ == 0)  // nothing held yet (an update of no tokens)
+    return {Tensor::empty({keys.shape[0], keys.shape[1], 0, D}, config_.storage_dtype),
+            Tensor::empty({keys.shape[0], keys.shape[1], 0, D}, config_.storage_dtype)};
   return {Tensor::copy_of(rows_view(keys_, config_.storage_dtype, batch_, n_kv_heads_, capacity_, D, 0, offset_)),
           Tensor::copy_of(rows_view(values_, config_.storage_dtype, batch_, n_kv_heads_, capacity_, D, 0, offset_))};
 }

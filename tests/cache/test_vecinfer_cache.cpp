@@ -313,6 +313,11 @@ TEST(VecInferCache, EmptyCacheBehaviour) {
   std::mt19937_64 rng(17);
   Tensor4 q = random_tensor4({1, 2, 1, 64}, DType::F16, false, rng);
   EXPECT_THROW(c.fused_sdpa(q.view, SdpaParams{}), ValueError);  // never updated
+  KV none = random_kv(1, 1, 0, 64, DType::F16, false, rng);  // an update of no tokens changes nothing
+  auto [k0, v0] = c.update_and_fetch(none.k.view, none.v.view);
+  EXPECT_EQ(k0.sizes(), (Shape{1, 1, 0, 64}));
+  EXPECT_EQ(c.batch(), 0);
+  EXPECT_TRUE(c.empty());
   auto d = VecInferKVCache::from_state(c.state(), c.meta_state());
   EXPECT_EQ(snapshot(*d), snapshot(c));
   KV a = random_kv(1, 1, 4, 64, DType::F16, false, rng);
