@@ -172,6 +172,10 @@ void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
   const float* q3 = rb.q + 3 * D;
   for (int64_t t = a; t < b; ++t) {
     const char* kp = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
+    if (!src.n_slots) {
+      const char* pf = kp + 16 * src.k_ts * es;
+      for (int64_t off = 0; off < D * es; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+    }
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 kv = load16<T>(kp + d * es);
@@ -206,8 +210,44 @@ void dense_values_slab(const DenseSource& src, int64_t a, int64_t b, int64_t D, 
     for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(o + r * D + s0 + 16 * j, acc[r][j]);
 }
 
+// Full head_dim for RP rows at a time (RP·NZ <= 16 accumulators), over sub-blocks of 32
+// tokens: the first row pass streams each V row once, in order (what the hardware prefetcher
+// wants); the other passes re-read the sub-block from L1.
+template <DType T, int NZ, int RP>
+void dense_values_rows(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
+  const int es = dtype_size(T);
+  for (int64_t tb = a; tb < b; tb += 32) {
+    const int64_t te = std::min(b, tb + 32);
+    for (int r0 = 0; r0 < 4; r0 += RP) {
+      __m512 acc[RP][NZ];
+      for (int i = 0; i < RP; ++i)
+        for (int j = 0; j < NZ; ++j) acc[i][j] = _mm512_loadu_ps(o + (r0 + i) * D + 16 * j);
+      for (int64_t t = tb; t < te; ++t) {
+        const float* p = P4 + 4 * (t - a) + r0;
+        const char* vp = static_cast<const char*>(src.v) + src.slot(t) * src.v_ts * es;
+        __m512 pr[RP];
+        for (int i = 0; i < RP; ++i) pr[i] = _mm512_set1_ps(p[i]);
+        for (int j = 0; j < NZ; ++j) {
+          const __m512 vv = load16<T>(vp + 16 * j * es);
+          for (int i = 0; i < RP; ++i) acc[i][j] = _mm512_fmadd_ps(pr[i], vv, acc[i][j]);
+        }
+      }
+      for (int i = 0; i < RP; ++i)
+        for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(o + (r0 + i) * D + 16 * j, acc[i][j]);
+    }
+  }
+}
+
 template <DType T>
 void dense_values_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
+  switch (D / 16) {
+    case 4: return dense_values_rows<T, 4, 4>(src, a, b, D, P4, o);
+    case 5: return dense_values_rows<T, 5, 2>(src, a, b, D, P4, o);
+    case 6: return dense_values_rows<T, 6, 2>(src, a, b, D, P4, o);
+    case 8: return dense_values_rows<T, 8, 2>(src, a, b, D, P4, o);
+    case 16: return dense_values_rows<T, 16, 1>(src, a, b, D, P4, o);
+    default: break;
+  }
   int64_t s0 = 0;
   for (; s0 + 64 <= D; s0 += 64) dense_values_slab<T, 4>(src, a, b, D, s0, P4, o);
   for (; s0 + 16 <= D; s0 += 16) dense_values_slab<T, 1>(src, a, b, D, s0, P4, o);

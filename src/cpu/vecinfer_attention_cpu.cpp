@@ -136,7 +136,31 @@ inline void lut_scores_b8_256_mb8(const uint8_t* idx, int64_t istride, int64_t n
                                   float* S4) {
   for (int m0 = 0; m0 < n_sub; m0 += 8) {
     const char* L = reinterpret_cast<const char*>(lut + size_t(m0) * 256 * 4);
-    for (int64_t t = 0; t < n; ++t) {
+    int64_t t = 0;
+#if defined(__AVX__)
+    // Two tokens per 256-bit vector (token t in the low half, t+1 in the high half): half the
+    // adds and a shorter dependency chain per token.
+    for (; t + 2 <= n; t += 2) {
+      uint64_t x, y;
+      std::memcpy(&x, idx + t * istride + m0, 8);
+      std::memcpy(&y, idx + (t + 1) * istride + m0, 8);
+      auto at = [&](int k, uint64_t ox, uint64_t oy) {
+        const __m128 lo = _mm_loadu_ps(reinterpret_cast<const float*>(L + k * 4096 + ox));
+        const __m128 hi = _mm_loadu_ps(reinterpret_cast<const float*>(L + k * 4096 + oy));
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+      };
+      __m256 a0 = _mm256_add_ps(_mm256_loadu_ps(S4 + 4 * t), at(0, (x << 4) & 0xFF0, (y << 4) & 0xFF0));
+      __m256 a1 = at(1, (x >> 4) & 0xFF0, (y >> 4) & 0xFF0);
+      a0 = _mm256_add_ps(a0, at(2, (x >> 12) & 0xFF0, (y >> 12) & 0xFF0));
+      a1 = _mm256_add_ps(a1, at(3, (x >> 20) & 0xFF0, (y >> 20) & 0xFF0));
+      a0 = _mm256_add_ps(a0, at(4, (x >> 28) & 0xFF0, (y >> 28) & 0xFF0));
+      a1 = _mm256_add_ps(a1, at(5, (x >> 36) & 0xFF0, (y >> 36) & 0xFF0));
+      a0 = _mm256_add_ps(a0, at(6, (x >> 44) & 0xFF0, (y >> 44) & 0xFF0));
+      a1 = _mm256_add_ps(a1, at(7, (x >> 52) & 0xFF0, (y >> 52) & 0xFF0));
+      _mm256_storeu_ps(S4 + 4 * t, _mm256_add_ps(a0, a1));
+    }
+#endif
+    for (; t < n; ++t) {
       uint64_t x;
       std::memcpy(&x, idx + t * istride + m0, 8);
       auto at = [&](int k, uint64_t off) { return f4_load(reinterpret_cast<const float*>(L + k * 4096 + off)); };
