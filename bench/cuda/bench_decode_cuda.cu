@@ -23,6 +23,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <sstream>
@@ -278,6 +279,120 @@ int main(int argc, char** argv) {
   bool all_valid = true;
 
   // ---- decode attention --------------------------------------------------------------------
+  // One measurement: buffers for (spec, B, L), the launch validated on two segments, then timed.
+  // launch(p) runs the kernel; bps is its occupancy (for the split planner).
+  auto measure = [&](const std::string& name, const Spec& s, int B, int L, bool fp, int bps,
+                     const std::function<void(const cuda::AttnParams&)>& launch) -> Row {
+    std::vector<uint16_t> kbits, vbits;
+    std::mt19937_64 crng(s.kb * 131 + s.vb);
+    const std::vector<float> kcb = fp16_codebook(1 << s.kb, s.ks, crng, kbits);
+    const std::vector<float> vcb = fp16_codebook(1 << s.vb, s.vs, crng, vbits);
+    Buffers bf;
+    const int krs = int(packed_row_bytes(kD / s.ks, s.kb) + 3) / 4 * 4;
+    const int vrs = int(packed_row_bytes(kD / s.vs, s.vb) + 3) / 4 * 4;
+    const int64_t nbh = int64_t(B) * kKV;
+    const int64_t wcap = fp ? L : kR;
+    if (!fp) {
+      bf.kc_bytes = size_t(nbh * L) * krs + 256;
+      bf.vc_bytes = size_t(nbh * L) * vrs + 256;
+      CK(cudaMalloc(&bf.kc, bf.kc_bytes));
+      CK(cudaMalloc(&bf.vc, bf.vc_bytes));
+      grid_fill(bf.kc, bf.kc_bytes, 17);
+      grid_fill(bf.vc, bf.vc_bytes, 29);
+    }
+    CK(cudaMalloc(&bf.kw, size_t(nbh * wcap * kD) * 2));
+    CK(cudaMalloc(&bf.vw, size_t(nbh * wcap * kD) * 2));
+    grid_fill(bf.kw, size_t(nbh * wcap * kD), 5, 1.0f);
+    grid_fill(bf.vw, size_t(nbh * wcap * kD), 7, 1.0f);
+    CK(cudaMalloc(&bf.q, size_t(B) * kH * kD * 2));
+    CK(cudaMalloc(&bf.out, size_t(B) * kH * kD * 2));
+    grid_fill(bf.q, size_t(B) * kH * kD, 3, 1.0f);
+    CK(cudaMalloc(&bf.kcb, kbits.size() * 2));
+    CK(cudaMalloc(&bf.vcb, vbits.size() * 2));
+    CK(cudaMemcpy(bf.kcb, kbits.data(), kbits.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(bf.vcb, vbits.data(), vbits.size() * 2, cudaMemcpyHostToDevice));
+    CK(cudaMalloc(&bf.len, B * 4));
+    CK(cudaMalloc(&bf.rc, B * 4));
+    std::vector<int32_t> lens(size_t(B), L), rcs(size_t(B), fp ? 0 : kR);
+    CK(cudaMemcpy(bf.len, lens.data(), B * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(bf.rc, rcs.data(), B * 4, cudaMemcpyHostToDevice));
+    const int S = cuda::plan_splits(int(nbh), L, sms, bps);
+    CK(cudaMalloc(&bf.ws_o, size_t(nbh) * S * 8 * kD * 4));
+    CK(cudaMalloc(&bf.ws_ml, size_t(nbh) * S * 8 * 2 * 4));
+    CK(cudaMalloc(&bf.counters, size_t(nbh) * 4));
+    CK(cudaMalloc(&bf.done, 4));
+    CK(cudaMemset(bf.counters, 0, size_t(nbh) * 4));
+    CK(cudaMemset(bf.done, 0, 4));
+    cuda::AttnParams p;
+    p.batch = B;
+    p.n_heads = kH;
+    p.n_kv_heads = kKV;
+    p.head_dim = kD;
+    p.q_len = 1;
+    p.q_tail = 1;
+    p.q.data = bf.q;
+    p.q.dtype = DType::F16;
+    p.q.stride[0] = int64_t(kH) * kD, p.q.stride[1] = kD, p.q.stride[2] = kD, p.q.stride[3] = 1;
+    p.out = bf.out;
+    p.out_dtype = DType::F16;
+    p.out_stride[0] = int64_t(kH) * kD, p.out_stride[1] = kD, p.out_stride[2] = kD, p.out_stride[3] = 1;
+    p.k_codes = bf.kc;
+    p.v_codes = bf.vc;
+    p.code_cap = L;
+    p.k_row_stride = krs;
+    p.v_row_stride = vrs;
+    p.k_cb16 = bf.kcb;
+    p.v_cb16 = bf.vcb;
+    p.use_hadamard = 1;
+    p.hadamard_scale = float(1.0 / std::sqrt(double(kD)));
+    p.k_win = bf.kw;
+    p.v_win = bf.vw;
+    p.win_cap = wcap;
+    p.win_ring = fp ? 0 : 1;
+    p.win_all = fp;
+    p.seq_len = bf.len;
+    p.res_count = fp ? nullptr : bf.rc;
+    p.residual_length = fp ? 0 : kR;
+    p.scale_log2 = float(1.0 / std::sqrt(double(kD)) * 1.4426950408889634);
+    p.causal = 1;
+    p.n_splits = S;
+    p.n_row_chunks = 1;
+    p.rows_per_chunk = 8;
+    p.ws_o = bf.ws_o;
+    p.ws_ml = bf.ws_ml;
+    p.counters = bf.counters;
+    p.done_counter = bf.done;
+    CK(cudaMemset(bf.out, 0xFF, size_t(B) * kH * kD * 2));  // poison: NaN halves
+    launch(p);
+    CK(cudaDeviceSynchronize());
+    double worst = 0;
+    for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}})
+      worst = std::max(worst, validate_segment(bf, p, s, kcb, vcb, b, h, fp));
+    const bool ok = worst <= 2e-4;
+    all_valid &= ok;
+    std::vector<float> t;
+    for (int r = 0; r < reps + 3; ++r) {
+      CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+      CK(cudaEventRecord(tm.a));
+      launch(p);
+      CK(cudaEventRecord(tm.b));
+      CK(cudaEventSynchronize(tm.b));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+      if (r >= 3) t.push_back(ms);
+    }
+    const double us = median(t) * 1e3;
+    const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
+    const double bytes = double(nbh) * (double(n_code) * (krs + vrs) + double(n_win) * kD * 2 * 2) +
+                         2.0 * B * kH * kD * 2;
+    const double gbps = bytes / (us * 1e-6) / 1e9;
+    std::printf("%-22s B=%-3d L=%-7d splits=%-2d occ=%d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s\n",
+                name.c_str(), B, L, S, bps, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
+    std::fflush(stdout);
+    bf.free_all();
+    return {name, B, L, us, gbps, 100.0 * gbps / copy_gbps, bytes, worst};
+  };
+
   for (int fp = 0; fp < 2; ++fp)
     for (const Spec& s : specs) {
       if (fp == 1 && !(s.ks == 4 && s.kb == 8 && s.vs == 4 && s.vb == 8)) continue;  // fp16 path: once
@@ -286,120 +401,26 @@ int main(int argc, char** argv) {
         std::printf("%-16s not compiled in this build (VQ_CUDA_ALL_CONFIGS=OFF)\n", s.str().c_str());
         continue;
       }
-      const std::string name = fp ? "ours-fp16" : s.str();
-      std::vector<uint16_t> kbits, vbits;
-      const std::vector<float> kcb = fp16_codebook(1 << s.kb, s.ks, rng, kbits);
-      const std::vector<float> vcb = fp16_codebook(1 << s.vb, s.vs, rng, vbits);
-      for (auto [B, L] : shapes) {
-        Buffers bf;
-        const int krs = int(packed_row_bytes(kD / s.ks, s.kb) + 3) / 4 * 4;
-        const int vrs = int(packed_row_bytes(kD / s.vs, s.vb) + 3) / 4 * 4;
-        const int64_t nbh = int64_t(B) * kKV;
-        const int64_t wcap = fp ? L : kR;
-        if (!fp) {
-          bf.kc_bytes = size_t(nbh * L) * krs + 256;
-          bf.vc_bytes = size_t(nbh * L) * vrs + 256;
-          CK(cudaMalloc(&bf.kc, bf.kc_bytes));
-          CK(cudaMalloc(&bf.vc, bf.vc_bytes));
-          grid_fill(bf.kc, bf.kc_bytes, 17);
-          grid_fill(bf.vc, bf.vc_bytes, 29);
-        }
-        CK(cudaMalloc(&bf.kw, size_t(nbh * wcap * kD) * 2));
-        CK(cudaMalloc(&bf.vw, size_t(nbh * wcap * kD) * 2));
-        grid_fill(bf.kw, size_t(nbh * wcap * kD), 5, 1.0f);
-        grid_fill(bf.vw, size_t(nbh * wcap * kD), 7, 1.0f);
-        CK(cudaMalloc(&bf.q, size_t(B) * kH * kD * 2));
-        CK(cudaMalloc(&bf.out, size_t(B) * kH * kD * 2));
-        grid_fill(bf.q, size_t(B) * kH * kD, 3, 1.0f);
-        CK(cudaMalloc(&bf.kcb, kbits.size() * 2));
-        CK(cudaMalloc(&bf.vcb, vbits.size() * 2));
-        CK(cudaMemcpy(bf.kcb, kbits.data(), kbits.size() * 2, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(bf.vcb, vbits.data(), vbits.size() * 2, cudaMemcpyHostToDevice));
-        CK(cudaMalloc(&bf.len, B * 4));
-        CK(cudaMalloc(&bf.rc, B * 4));
-        std::vector<int32_t> lens(size_t(B), L), rcs(size_t(B), fp ? 0 : kR);
-        CK(cudaMemcpy(bf.len, lens.data(), B * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(bf.rc, rcs.data(), B * 4, cudaMemcpyHostToDevice));
-        const int bps = cuda::attn_blocks_per_sm(key, dev);
-        const int S = cuda::plan_splits(int(nbh), L, sms, bps);
-        CK(cudaMalloc(&bf.ws_o, size_t(nbh) * S * 8 * kD * 4));
-        CK(cudaMalloc(&bf.ws_ml, size_t(nbh) * S * 8 * 2 * 4));
-        CK(cudaMalloc(&bf.counters, size_t(nbh) * 4));
-        CK(cudaMalloc(&bf.done, 4));
-        CK(cudaMemset(bf.counters, 0, size_t(nbh) * 4));
-        CK(cudaMemset(bf.done, 0, 4));
-        cuda::AttnParams p;
-        p.batch = B;
-        p.n_heads = kH;
-        p.n_kv_heads = kKV;
-        p.head_dim = kD;
-        p.q_len = 1;
-        p.q_tail = 1;
-        p.q.data = bf.q;
-        p.q.dtype = DType::F16;
-        p.q.stride[0] = int64_t(kH) * kD, p.q.stride[1] = kD, p.q.stride[2] = kD, p.q.stride[3] = 1;
-        p.out = bf.out;
-        p.out_dtype = DType::F16;
-        p.out_stride[0] = int64_t(kH) * kD, p.out_stride[1] = kD, p.out_stride[2] = kD, p.out_stride[3] = 1;
-        p.k_codes = bf.kc;
-        p.v_codes = bf.vc;
-        p.code_cap = L;
-        p.k_row_stride = krs;
-        p.v_row_stride = vrs;
-        p.k_cb16 = bf.kcb;
-        p.v_cb16 = bf.vcb;
-        p.use_hadamard = 1;
-        p.hadamard_scale = float(1.0 / std::sqrt(double(kD)));
-        p.k_win = bf.kw;
-        p.v_win = bf.vw;
-        p.win_cap = wcap;
-        p.win_ring = fp ? 0 : 1;
-        p.win_all = fp;
-        p.seq_len = bf.len;
-        p.res_count = fp ? nullptr : bf.rc;
-        p.residual_length = fp ? 0 : kR;
-        p.scale_log2 = float(1.0 / std::sqrt(double(kD)) * 1.4426950408889634);
-        p.causal = 1;
-        p.n_splits = S;
-        p.n_row_chunks = 1;
-        p.rows_per_chunk = 8;
-        p.ws_o = bf.ws_o;
-        p.ws_ml = bf.ws_ml;
-        p.counters = bf.counters;
-        p.done_counter = bf.done;
-        // validate this launch configuration first
-        CK(cudaMemset(bf.out, 0xFF, size_t(B) * kH * kD * 2));  // poison: NaN halves
-        cuda::attn_launch(key, p, nullptr);
-        CK(cudaDeviceSynchronize());
-        double worst = 0;
-        for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}})
-          worst = std::max(worst, validate_segment(bf, p, s, kcb, vcb, b, h, fp == 1));
-        const bool ok = worst <= 2e-4;
-        all_valid &= ok;
-        // time
-        std::vector<float> t;
-        for (int r = 0; r < reps + 3; ++r) {
-          CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
-          CK(cudaEventRecord(tm.a));
-          cuda::attn_launch(key, p, nullptr);
-          CK(cudaEventRecord(tm.b));
-          CK(cudaEventSynchronize(tm.b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-          if (r >= 3) t.push_back(ms);
-        }
-        const double us = median(t) * 1e3;
-        const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
-        const double bytes = double(nbh) * (double(n_code) * (krs + vrs) * (fp ? 0 : 1) + double(n_win) * kD * 2 * 2) +
-                             2.0 * B * kH * kD * 2;
-        const double gbps = bytes / (us * 1e-6) / 1e9;
-        rows.push_back({name, B, L, us, gbps, 100.0 * gbps / copy_gbps, bytes, worst});
-        std::printf("%-12s B=%-3d L=%-7d splits=%-2d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s\n",
-                    name.c_str(), B, L, S, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
-        std::fflush(stdout);
-        bf.free_all();
-      }
+      const int bps = cuda::attn_blocks_per_sm(key, dev);
+      for (auto [B, L] : shapes)
+        rows.push_back(measure(fp ? "ours-fp16" : s.str(), s, B, L, fp == 1, bps,
+                               [&](const cuda::AttnParams& p) { cuda::attn_launch(key, p, nullptr); }));
     }
+
+  // ---- tuning variants of the two headline configurations -------------------------------------
+  std::vector<Row> var_rows;
+  if (cuda::attn_variant_count() > 0) std::printf("\nvariants (kt = k-tiles of 16 tokens per warp tile, minb = "
+                                                 "blocks/SM asked, w = warps/block)\n");
+  for (int i = 0; i < cuda::attn_variant_count(); ++i) {
+    const cuda::AttnVariantInfo v = cuda::attn_variant_info(i);
+    const Spec s{v.key.key_sub_dim, v.key.key_bits, v.key.value_sub_dim, v.key.value_bits};
+    const int bps = cuda::attn_variant_blocks_per_sm(i, dev);
+    const std::string name = s.str() + " kt" + std::to_string(v.kt) + " mb" + std::to_string(v.minb) + " w" +
+                             std::to_string(v.warps);
+    for (auto [B, L] : shapes)
+      var_rows.push_back(
+          measure(name, s, B, L, false, bps, [&](const cuda::AttnParams& p) { cuda::attn_launch_variant(i, p, nullptr); }));
+  }
 
   // ---- encode throughput -------------------------------------------------------------------
   std::printf("\nencode (bulk, 8 x 8 kv heads x 4096 tokens, head_dim 128)\n");
@@ -481,10 +502,25 @@ int main(int argc, char** argv) {
         if (r >= 2) t.push_back(ms);
       }
       const double us = median(t) * 1e3, rate = double(B) * kKV * n / (us * 1e-6);
+      // decode mode: one new token per (batch, kv head), all warps of a block on one token-head
+      cuda::EncodeParams e1 = e;
+      e1.n_new = 1;
+      std::vector<float> t1;
+      for (int r = 0; r < 12; ++r) {
+        CK(cudaEventRecord(tm.a));
+        cuda::encode_launch(e1, true, nullptr);
+        CK(cudaEventRecord(tm.b));
+        CK(cudaEventSynchronize(tm.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+        if (r >= 2) t1.push_back(ms);
+      }
+      const double us1 = median(t1) * 1e3;
       const std::string nm = std::string(side == 1 ? "keys " : "values ") + "d" + std::to_string(sub) + "b" +
                              std::to_string(bits);
-      std::printf("encode %-14s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder)\n",
-                  nm.c_str(), us, rate / 1e6, (long long)bad, nchk);
+      std::printf("encode %-14s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder); "
+                  "decode step (64 token-heads): %.1f us\n",
+                  nm.c_str(), us, rate / 1e6, (long long)bad, nchk, us1);
       enc_rows.push_back({nm, rate});
       all_valid &= bad == 0;
       for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
@@ -556,6 +592,14 @@ int main(int argc, char** argv) {
     else
       std::printf("| %s | %d x %d | %.1f | %.0f | %.1f | - | - | - |\n", r.cfg.c_str(), r.B, r.L, r.us, r.gbps,
                   r.pct_copy);
+  }
+  if (!var_rows.empty()) {
+    std::printf("\n| variant | batch x context | us | GB/s | %% of copy | speedup vs peer |\n|---|---|---|---|---|---|\n");
+    for (const Row& r : var_rows) {
+      auto it = peer.find({r.B, r.L});
+      std::printf("| %s | %d x %d | %.1f | %.0f | %.1f | %s |\n", r.cfg.c_str(), r.B, r.L, r.us, r.gbps, r.pct_copy,
+                  it == peer.end() ? "-" : (std::to_string(it->second.us / r.us).substr(0, 4) + "x").c_str());
+    }
   }
   std::printf("\nHBM copy bandwidth: %.0f GB/s. Encode: ", copy_gbps);
   for (auto& [n, r] : enc_rows) std::printf("%s %.0fM/s; ", n.c_str(), r / 1e6);

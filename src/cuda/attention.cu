@@ -20,6 +20,12 @@ void attn_register_k4b12_v8b8(std::vector<AttnEntry>&);
 void attn_register_k8b12_v8b12(std::vector<AttnEntry>&);
 void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
+struct AttnVariantEntry {
+  AttnEntry entry;
+  int kt, minb, warps;
+};
+void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
+void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
 namespace {
 
@@ -101,7 +107,7 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
   if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(device));
   ensure_smem_attr(*e);
   int n = 0;
-  VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, e->kernel, 256, e->smem));
+  VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, e->kernel, e->threads, e->smem));
   if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(prev));
   return std::max(n, 1);
 }
@@ -121,6 +127,46 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   if (p.batch == 0 || p.n_kv_heads == 0 || p.q_len == 0) return;
   ensure_smem_attr(*e);
   e->launch(p, dim3(p.n_splits, unsigned(gy), p.batch), as_stream(stream));
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+namespace {
+const std::vector<AttnVariantEntry>& variants() {
+  static const std::vector<AttnVariantEntry> v = [] {
+    std::vector<AttnVariantEntry> r;
+    attn_register_variants_k4b8_v4b8(r);
+    attn_register_variants_k4b12_v8b8(r);
+    return r;
+  }();
+  return v;
+}
+const AttnVariantEntry& variant(int i) {
+  VQ_CHECK_VALUE(i >= 0 && i < int(variants().size()),
+                 "attention variant " << i << " does not exist (" << variants().size() << " built)");
+  return variants()[size_t(i)];
+}
+}  // namespace
+
+int attn_variant_count() { return int(variants().size()); }
+AttnVariantInfo attn_variant_info(int i) {
+  const AttnVariantEntry& e = variant(i);
+  return {e.entry.key, e.kt, e.minb, e.warps};
+}
+int attn_variant_blocks_per_sm(int i, int device) {
+  const AttnEntry& e = variant(i).entry;
+  int prev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&prev));
+  if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(device));
+  ensure_smem_attr(e);
+  int n = 0;
+  VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, e.kernel, e.threads, e.smem));
+  if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(prev));
+  return std::max(n, 1);
+}
+void attn_launch_variant(int i, const AttnParams& p, void* stream) {
+  const AttnEntry& e = variant(i).entry;
+  ensure_smem_attr(e);
+  e.launch(p, dim3(p.n_splits, unsigned(p.n_kv_heads * p.n_row_chunks), p.batch), as_stream(stream));
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 

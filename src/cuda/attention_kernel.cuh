@@ -59,15 +59,17 @@ constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, i
   return {rk, rv};
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
 struct AttnTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
   static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
   static_assert(VS == 4 || VS == 8, "value sub_dim 4 or 8");
   static_assert(NT == 1 || NT == 2, "one or two row tiles");
-  static constexpr int kWarps = 8, kThreads = 256;
+  static_assert(KT == 1 || KT == 2 || KT == 4, "1, 2 or 4 k-tiles of 16 tokens per warp tile");
+  static constexpr int kWarps = W, kThreads = 32 * W;
+  static_assert(W == 4 || W == 8 || W == 16, "4, 8 or 16 warps");
   static constexpr int kRows = 8 * NT;
-  static constexpr int kWarpTok = 32;                  // two k-tiles of 16 tokens
+  static constexpr int kWarpTok = 16 * KT;             // KT k-tiles of 16 tokens
   static constexpr int kBlockTok = kWarps * kWarpTok;  // tokens per block iteration
   static constexpr int kPrefetchTiles = 4;             // L2 prefetch distance, block tiles
   // keys: lane t = lane & 3 owns sub-vectors [t·kKSpt, (t+1)·kKSpt)
@@ -87,7 +89,8 @@ struct AttnTraits {
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
   static constexpr int kEK = KS * 2, kEV = VS * 2;        // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
-  static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, 192 * 1024);
+  // two blocks per multiprocessor must share its 227 KB
+  static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, MINB == 1 ? 192 * 1024 : 96 * 1024);
   static constexpr int kRK = kCopies.k, kRV = kCopies.v;
   static constexpr int kGK = kPK / kRK, kGV = kPV / kRV;  // bank groups per copy
   static constexpr int kKcbBytes = kNK * kEK * kRK, kVcbBytes = kNV * kEV * kRV;
@@ -174,9 +177,9 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool vali
   }
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT>
-__global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
+__global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams p) {
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* const sK = smem;
@@ -339,9 +342,9 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
   };
 
   // Masks a tile's scores (tokens base + kt·16 + g + 8j) against [.., end) and the rows' bounds.
-  auto mask_scores = [&](float (&s)[2][NT][4], int base, int end) {
+  auto mask_scores = [&](float (&s)[KT][NT][4], int base, int end) {
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt)
+    for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int tok = base + kt * 16 + g + 8 * j;
@@ -354,14 +357,16 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
   };
 
   // Online softmax over a 32-token tile, then O += P·V̂ with V̂ words from vwords(kt, q, i, w).
-  auto softmax_pv = [&](float (&s)[2][NT][4], auto&& vwords) {
+  auto softmax_pv = [&](float (&s)[KT][NT][4], auto&& vwords) {
     float sc[NT][2];
     bool rescale = false;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = fmaxf(fmaxf(s[0][n][r], s[0][n][2 + r]), fmaxf(s[1][n][r], s[1][n][2 + r]));
+        float mx = fmaxf(s[0][n][r], s[0][n][2 + r]);
+#pragma unroll
+        for (int kt = 1; kt < KT; ++kt) mx = fmaxf(mx, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
@@ -372,7 +377,7 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
         m[n][r] = mnew;
         l[n][r] *= sc[n][r];
 #pragma unroll
-        for (int kt = 0; kt < 2; ++kt) {
+        for (int kt = 0; kt < KT; ++kt) {
           s[kt][n][r] = ex2(s[kt][n][r] - muse);
           s[kt][n][2 + r] = ex2(s[kt][n][2 + r] - muse);
           l[n][r] += s[kt][n][r] + s[kt][n][2 + r];
@@ -390,7 +395,7 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
     const int src0 = 4 * t + (g >> 1), src1 = src0 + 16;
     const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
 #pragma unroll
-    for (int kt = 0; kt < 2; ++kt) {
+    for (int kt = 0; kt < KT; ++kt) {
       uint32_t bp[NT][2];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
@@ -424,12 +429,12 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
     const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
     const int krs = p.k_row_stride, vrs = p.v_row_stride;
     struct Tile {
-      uint32_t k[2][2][T::kKW];
-      uint32_t v[2][4][T::kVW];
+      uint32_t k[KT][2][T::kKW];
+      uint32_t v[KT][4][T::kVW];
     };
     auto load_tile = [&](Tile& tl, int base) {
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt) {
+      for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           const int tok = base + kt * 16 + g + 8 * j;
@@ -448,26 +453,17 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
         }
       }
     };
-    Tile cur, nxt;
-    int base = c0 + warp * T::kWarpTok;
-    if (base < c1) load_tile(cur, base);
-    for (; base < c1; base += T::kBlockTok) {
-      const int nb = base + T::kBlockTok;
-      if (nb < c1) load_tile(nxt, nb);
-      if (warp == 0 && lane == 0) {
-        const int pb = base + T::kPrefetchTiles * T::kBlockTok;
-        if (pb < c1) {
-          const int pe = min(c1, pb + T::kBlockTok);
-          prefetch_l2(kcodes + int64_t(pb) * krs, uint32_t(pe - pb) * krs);
-          prefetch_l2(vcodes + int64_t(pb) * vrs, uint32_t(pe - pb) * vrs);
-        }
-      }
-      // scores S[16 tokens × 8 rows] per k-tile and row tile
-      float s[2][NT][4];
+    // One warp tile: scores (two accumulator chains over the sub-vectors for ILP), masks,
+    // softmax and P·V̂, from the codes in `cur`.
+    auto process = [&](const Tile& cur, int base) {
+      float s[KT][NT][4];
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt) {
+      for (int kt = 0; kt < KT; ++kt) {
+        float s1[NT][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) s[kt][n][0] = s[kt][n][1] = s[kt][n][2] = s[kt][n][3] = 0.0f;
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[kt][n][e] = 0.0f, s1[n][e] = 0.0f;
         uint32_t a0[T::kKA], a1[T::kKA];
         if constexpr (T::kKAligned) {
 #pragma unroll
@@ -485,11 +481,20 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
 #pragma unroll
-            for (int n = 0; n < NT; ++n)
-              mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
-                      qf[n][ks][1]);
+            for (int n = 0; n < NT; ++n) {
+              if (ks & 1)
+                mma_f16(s1[n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
+                        qf[n][ks][1]);
+              else
+                mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
+                        qf[n][ks][1]);
+            }
           }
         }
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[kt][n][e] += s1[n][e];
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
@@ -506,7 +511,33 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
           lds_entry<T::kEV>(v_addr(code_at<VB>(a, i)), vw[q]);
         }
       });
-      cur = nxt;
+    };
+    auto prefetch = [&](int base) {
+      if (warp == 0 && lane == 0) {
+        const int pb = base + T::kPrefetchTiles * T::kBlockTok;
+        if (pb < c1) {
+          const int pe = min(c1, pb + T::kBlockTok);
+          prefetch_l2(kcodes + int64_t(pb) * krs, uint32_t(pe - pb) * krs);
+          prefetch_l2(vcodes + int64_t(pb) * vrs, uint32_t(pe - pb) * vrs);
+        }
+      }
+    };
+    // Two register buffers, alternated: the next tile's codes load while this one computes.
+    Tile ta, tb;
+    int base = c0 + warp * T::kWarpTok;
+    if (base < c1) load_tile(ta, base);
+    while (base < c1) {
+      const int nb = base + T::kBlockTok;
+      if (nb < c1) load_tile(tb, nb);
+      prefetch(base);
+      process(ta, base);
+      base = nb;
+      if (base >= c1) break;
+      const int nb2 = base + T::kBlockTok;
+      if (nb2 < c1) load_tile(ta, nb2);
+      prefetch(base);
+      process(tb, base);
+      base = nb2;
     }
   }
 
@@ -517,9 +548,9 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
     const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
     auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
     for (int base = w0 + warp * T::kWarpTok; base < w1; base += T::kBlockTok) {
-      float s[2][NT][4];
+      float s[KT][NT][4];
 #pragma unroll
-      for (int kt = 0; kt < 2; ++kt) {
+      for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
         for (int n = 0; n < NT; ++n) s[kt][n][0] = s[kt][n][1] = s[kt][n][2] = s[kt][n][3] = 0.0f;
         const int p0 = base + kt * 16 + g, p1 = p0 + 8;
@@ -678,24 +709,25 @@ __global__ void __launch_bounds__(256, 1) vq_attn_kernel(const AttnParams p) {
 struct AttnEntry {
   AttnConfigKey key;
   const void* kernel;
-  int smem;
+  int smem, threads;
   void (*launch)(const AttnParams&, dim3, cudaStream_t);
 };
 
-template <int D, int KS, int KB, int VS, int VB, int NT>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
 void attn_launch_t(const AttnParams& p, dim3 grid, cudaStream_t s) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
-  vq_attn_kernel<D, KS, KB, VS, VB, NT><<<grid, T::kThreads, T::kSmem, s>>>(p);
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
+  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W><<<grid, T::kThreads, T::kSmem, s>>>(p);
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
 AttnEntry attn_entry() {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
   static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
   return {{D, KS, KB, VS, VB, NT},
-          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT>),
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W>),
           T::kSmem,
-          &attn_launch_t<D, KS, KB, VS, VB, NT>};
+          T::kThreads,
+          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W>};
 }
 
 }  // namespace veloxquant::cuda

@@ -15,6 +15,10 @@
 #define VQ_ATTN_IF_ALL(x)
 #endif
 
+namespace veloxquant::cuda {
+struct AttnVariantEntry;
+}
+
 #define VQ_ATTN_REGISTER(name, KS, KB, VS, VB)                                  \
   void attn_register_##name(std::vector<AttnEntry>& out) {                      \
     out.push_back(attn_entry<128, KS, KB, VS, VB, 1>());                        \

@@ -94,7 +94,7 @@ __device__ __forceinline__ void oracle_scan(const float (&x)[SD], const float* c
 /// Searches centroids [cbeg, cend) for the SPL sub-vectors of this lane.
 /// Returns per slot the exact best distance and code within the range.
 template <int SD, int SPL>
-__device__ void search(const float (&x)[SPL][SD], const bool (&live)[SPL], const float* cb, const float* norms,
+__device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&live)[SPL], const float* cb, const float* norms,
                        float cmax, int cbeg, int cend, float (&best)[SPL], int (&code)[SPL]) {
   float xm2[SPL][SD], m1[SPL], m2[SPL], m3[SPL], margin[SPL];
   int b1[SPL], b2[SPL];
@@ -503,8 +503,9 @@ template <int D, int SD>
 void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kNSub = D / SD;
   constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
+  constexpr int kSplBulk = SD == 4 ? 8 : 4;  // sub-vectors per lane: amortise each centroid load
   if (decode_mode && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) >= 64) encode_t<D, SD, kSplDec, 8>(p, s);
-  else encode_t<D, SD, 4, 1>(p, s);
+  else encode_t<D, SD, kSplBulk, 1>(p, s);
 }
 
 template <int D>

@@ -96,6 +96,18 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// configuration this build does not hold, CudaError on a launch failure.
 void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
 
+/// Tuning variants (builds with VQ_CUDA_ALL_CONFIGS): the same kernel with other warp-tile
+/// lengths (kt k-tiles of 16 tokens) and register caps (minb blocks per multiprocessor), for
+/// the benchmark to time side by side. key says which configuration each serves.
+struct AttnVariantInfo {
+  AttnConfigKey key;
+  int kt, minb, warps;
+};
+int attn_variant_count();
+AttnVariantInfo attn_variant_info(int i);
+int attn_variant_blocks_per_sm(int i, int device);
+void attn_launch_variant(int i, const AttnParams& p, void* stream);
+
 /// The split planner: blocks per (batch, kv head, row chunk) so the grid fills the device
 /// about once (or in whole waves), at least `min_tokens_per_split` tokens per block.
 int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm,

@@ -85,7 +85,7 @@ inline KVCacheConfig vq_config(const Spec& s, CacheMode mode, int head_dim, int 
   c.fused_sdpa_memory_bound = mode == CacheMode::MemoryBound;
   c.step = 64;
   c.n_threads = 2;
-  c.seed = rng();
+  c.seed = rng() >> 1;  // meta_state stores the seed as a signed integer
   c.n_kv_heads = n_kv_heads;
   if (smooth) {
     std::uniform_real_distribution<float> u(0.5f, 2.0f);
