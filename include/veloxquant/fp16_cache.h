@@ -8,8 +8,11 @@
 // persistent thread pool (config.n_threads).
 //
 // state(): {"keys", "values"} each [batch, n_kv_heads, offset, head_dim] in storage_dtype
-// (absent when the cache is empty). meta_state(): "class" = "KVCache", "offset", "head_dim",
-// "n_kv_heads", "batch", "storage_dtype", "step".
+// (absent until the first update fixes batch and n_kv_heads). meta_state(): "class" =
+// "KVCache", "offset", "head_dim", "n_kv_heads", "batch", "storage_dtype", "step", "capacity".
+// restore() validates both before changing anything; set_state() derives offset/batch from
+// the tensors, set_meta_state() re-applies the current tensors under the new meta.
+// An update of 0 tokens changes nothing. nbytes() counts both buffers at full capacity.
 #pragma once
 
 #include <memory>
