@@ -44,10 +44,13 @@
 //   fp16_key_bytes         batch·n_kv_heads·n·head_dim·2, n = offset (Standard/Stash: held K̂)
 //                          or residual_count (MemoryBound: the window)
 //   (values alike)
-//   codebook_bytes         both codebooks as held (f32: n_centroids·sub_dim·4 each) + λ
-//                          (n_kv_heads·head_dim·4, f32) + 1/λ (same; derived but held)
-//   nbytes()               every buffer actually allocated: capacity slack, the whole ring,
-//                          codebooks, centroid norms, λ and 1/λ.
+//   codebook_bytes         both codebooks as held, in f32 (n_centroids·sub_dim·4 each, not
+//                          the paper's fp16 count) + their centroid norms (n_centroids·4 each)
+//                          + λ and 1/λ (n_kv_heads·head_dim·4 each, f32; 0 for identity)
+//   nbytes()               every buffer actually allocated: capacity slack, the whole ring /
+//                          pending ring, plus codebook_bytes(). Per-thread attention scratch
+//                          (LUT, histogram, scores: ~0.5 MiB per thread for d4b8 decode) and
+//                          the thread pool are not counted.
 //
 // state(): tensors trimmed to the live tokens, oldest first:
 //   "key_codes", "value_codes"       U8 [batch, n_kv_heads, offset, code_bytes]   Stash, MemoryBound
