@@ -34,7 +34,7 @@ uint64_t mix(std::initializer_list<uint64_t> keys) {
   return s;
 }
 
-// xoshiro256** with Box–Muller normals.
+// xoshiro256** with polar-method normals.
 class Rng {
  public:
   explicit Rng(uint64_t seed) {
@@ -52,17 +52,22 @@ class Rng {
     return r;
   }
   double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }  // [0, 1)
+  // Marsaglia's polar method (no trigonometry; two normals per accepted pair).
   float normal() {
     if (has_spare_) {
       has_spare_ = false;
       return spare_;
     }
-    double u1 = uniform(), u2 = uniform();
-    if (u1 < 1e-300) u1 = 1e-300;
-    const double r = std::sqrt(-2.0 * std::log(u1));
-    spare_ = float(r * std::sin(2.0 * M_PI * u2));
+    double u, v, s;
+    do {
+      u = 2.0 * uniform() - 1.0;
+      v = 2.0 * uniform() - 1.0;
+      s = u * u + v * v;
+    } while (s >= 1.0 || s == 0.0);
+    const double m = std::sqrt(-2.0 * std::log(s) / s);
+    spare_ = float(v * m);
     has_spare_ = true;
-    return float(r * std::cos(2.0 * M_PI * u2));
+    return float(u * m);
   }
   int64_t below(int64_t n) { return int64_t(uniform() * double(n)); }
 

@@ -56,6 +56,27 @@ void quantize_group(const float* x, int64_t n, int64_t stride, int bits, uint32_
   }
 }
 
+// Unpacks n_rows packed rows of n codes into one byte per code (pack_codes layout: LSB first).
+void unpack_to_u8(const uint8_t* packed, int64_t n_rows, int n, int bits, uint8_t* out) {
+  const int64_t rb = packed_row_bytes(n, bits);
+  if (bits == 2 && n % 4 == 0) {  // the comparison's case: four codes per byte
+    for (int64_t r = 0; r < n_rows; ++r) {
+      const uint8_t* p = packed + r * rb;
+      uint8_t* o = out + r * n;
+      for (int j = 0; j < n / 4; ++j) {
+        const uint8_t b = p[j];
+        o[4 * j] = b & 3u;
+        o[4 * j + 1] = (b >> 2) & 3u;
+        o[4 * j + 2] = (b >> 4) & 3u;
+        o[4 * j + 3] = uint8_t(b >> 6);
+      }
+    }
+    return;
+  }
+  for (int64_t r = 0; r < n_rows; ++r)
+    for (int c = 0; c < n; ++c) out[r * n + c] = uint8_t(read_code(packed + r * rb, c, bits));
+}
+
 }  // namespace
 
 struct KiviKVCache::Impl {
@@ -289,72 +310,85 @@ void KiviKVCache::fused_sdpa_into(const TensorView& queries, const TensorView& o
   const int64_t rb = impl_->row_bytes;
   Tensor qf = Tensor::to_f32(queries);
   Tensor of = Tensor::empty(queries.sizes(), DType::F32);
-  const int64_t n_tasks = batch_ * Hq;
+  // One task per (batch, kv head): the codes are unpacked once and serve every query head of
+  // the GQA group and every query row.
+  const int64_t n_tasks = batch_ * n_kv_heads_;
   impl_->pool->parallel_for(n_tasks, [&](int64_t task, int) {
-    const int64_t b = task / Hq, qh = task % Hq, h = qh / group;
-    const auto& slot = impl_->slots[size_t(b * n_kv_heads_ + h)];
-    std::vector<float> sc(static_cast<size_t>(offset_)), qs(static_cast<size_t>(D)), acc(static_cast<size_t>(D));
+    const int64_t b = task / n_kv_heads_, h = task % n_kv_heads_;
+    const auto& slot = impl_->slots[size_t(task)];
+    std::vector<uint8_t> kc(size_t(n_qkeys_ * D)), vc(size_t(n_qvalues_ * D));
+    unpack_to_u8(slot.key_codes.data(), n_qkeys_, D, bits, kc.data());
+    unpack_to_u8(slot.value_codes.data(), n_qvalues_, D, bits, vc.data());
     std::vector<float> exact_k(size_t((offset_ - n_qkeys_) * D)), exact_v(size_t((offset_ - n_qvalues_) * D));
     for (size_t i = 0; i < exact_k.size(); ++i) exact_k[i] = half_to_float(slot.exact_keys[i]);
     for (size_t i = 0; i < exact_v.size(); ++i) exact_v[i] = half_to_float(slot.exact_values[i]);
-    for (int64_t i = 0; i < Lq; ++i) {
-      const float* q = qf.ptr<float>() + ((b * Hq + qh) * Lq + i) * D;
-      const int64_t pos = offset_ - Lq + i;
-      // Scores.
-      float mx = -INFINITY;
-      for (int64_t blk = 0; blk * G < n_qkeys_; ++blk) {
-        float cst = 0;
-        for (int c = 0; c < D; ++c) {
-          qs[size_t(c)] = q[c] * half_to_float(slot.key_scale[size_t(blk * D + c)]);
-          cst += q[c] * half_to_float(slot.key_zero[size_t(blk * D + c)]);
+    std::vector<float> kscale(slot.key_scale.size()), kzero(slot.key_zero.size());
+    for (size_t i = 0; i < kscale.size(); ++i) {
+      kscale[i] = half_to_float(slot.key_scale[i]);
+      kzero[i] = half_to_float(slot.key_zero[i]);
+    }
+    std::vector<float> sc(static_cast<size_t>(offset_)), qs(static_cast<size_t>(D)), acc(static_cast<size_t>(D));
+    for (int64_t qh = h * group; qh < (h + 1) * group; ++qh) {
+      for (int64_t i = 0; i < Lq; ++i) {
+        const float* q = qf.ptr<float>() + ((b * Hq + qh) * Lq + i) * D;
+        const int64_t pos = offset_ - Lq + i;
+        // Scores: coded key blocks, then the exact keys.
+        for (int64_t blk = 0; blk * G < n_qkeys_; ++blk) {
+          float cst = 0;
+          for (int c = 0; c < D; ++c) {
+            qs[size_t(c)] = q[c] * kscale[size_t(blk * D + c)];
+            cst += q[c] * kzero[size_t(blk * D + c)];
+          }
+          for (int64_t t = blk * G; t < (blk + 1) * G; ++t) {
+            const uint8_t* code = kc.data() + t * D;
+            float s = cst;
+            for (int c = 0; c < D; ++c) s += qs[size_t(c)] * float(code[c]);
+            sc[size_t(t)] = s * scale;
+          }
         }
-        for (int64_t t = blk * G; t < (blk + 1) * G; ++t) {
-          const uint8_t* row = slot.key_codes.data() + t * rb;
-          float s = cst;
-          for (int c = 0; c < D; ++c) s += qs[size_t(c)] * float(read_code(row, c, bits));
+        for (int64_t t = n_qkeys_; t < offset_; ++t) {
+          const float* k = exact_k.data() + (t - n_qkeys_) * D;
+          float s = 0;
+          for (int c = 0; c < D; ++c) s += q[c] * k[c];
           sc[size_t(t)] = s * scale;
         }
-      }
-      for (int64_t t = n_qkeys_; t < offset_; ++t) {
-        const float* k = exact_k.data() + (t - n_qkeys_) * D;
-        float s = 0;
-        for (int c = 0; c < D; ++c) s += q[c] * k[c];
-        sc[size_t(t)] = s * scale;
-      }
-      for (int64_t t = 0; t < offset_; ++t) {
-        if (!attn_visible(pos, t, params)) sc[size_t(t)] = -INFINITY;
-        mx = std::max(mx, sc[size_t(t)]);
-      }
-      float* o = of.ptr<float>() + ((b * Hq + qh) * Lq + i) * D;
-      if (mx == -INFINITY) {
-        std::fill(o, o + D, 0.0f);
-        continue;
-      }
-      double denom = 0;
-      for (int64_t t = 0; t < offset_; ++t) {
-        const float p = sc[size_t(t)] == -INFINITY ? 0.0f : std::exp(sc[size_t(t)] - mx);
-        sc[size_t(t)] = p;
-        denom += p;
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      for (int64_t t = 0; t < n_qvalues_; ++t) {
-        const float p = sc[size_t(t)];
-        if (p == 0.0f) continue;
-        const uint8_t* row = slot.value_codes.data() + t * rb;
-        for (int g = 0; g < D / G; ++g) {
-          const float ps = p * half_to_float(slot.value_scale[size_t(t * (D / G) + g)]);
-          const float pz = p * half_to_float(slot.value_zero[size_t(t * (D / G) + g)]);
-          for (int c = g * G; c < (g + 1) * G; ++c) acc[size_t(c)] += ps * float(read_code(row, c, bits)) + pz;
+        float mx = -INFINITY;
+        for (int64_t t = 0; t < offset_; ++t) {
+          if (!attn_visible(pos, t, params)) sc[size_t(t)] = -INFINITY;
+          mx = std::max(mx, sc[size_t(t)]);
         }
+        float* o = of.ptr<float>() + ((b * Hq + qh) * Lq + i) * D;
+        if (mx == -INFINITY) {
+          std::fill(o, o + D, 0.0f);
+          continue;
+        }
+        double denom = 0;
+        for (int64_t t = 0; t < offset_; ++t) {
+          const float p = sc[size_t(t)] == -INFINITY ? 0.0f : std::exp(sc[size_t(t)] - mx);
+          sc[size_t(t)] = p;
+          denom += p;
+        }
+        // Values: Σ_t p_t·(code·scale_g + zero_g) per channel group, then the exact rows.
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t t = 0; t < n_qvalues_; ++t) {
+          const float p = sc[size_t(t)];
+          if (p == 0.0f) continue;
+          const uint8_t* code = vc.data() + t * D;
+          for (int g = 0; g < D / G; ++g) {
+            const float ps = p * half_to_float(slot.value_scale[size_t(t * (D / G) + g)]);
+            const float pz = p * half_to_float(slot.value_zero[size_t(t * (D / G) + g)]);
+            for (int c = g * G; c < (g + 1) * G; ++c) acc[size_t(c)] += ps * float(code[c]) + pz;
+          }
+        }
+        for (int64_t t = n_qvalues_; t < offset_; ++t) {
+          const float p = sc[size_t(t)];
+          if (p == 0.0f) continue;
+          const float* v = exact_v.data() + (t - n_qvalues_) * D;
+          for (int c = 0; c < D; ++c) acc[size_t(c)] += p * v[c];
+        }
+        const float inv = float(1.0 / denom);
+        for (int c = 0; c < D; ++c) o[c] = acc[size_t(c)] * inv;
       }
-      for (int64_t t = n_qvalues_; t < offset_; ++t) {
-        const float p = sc[size_t(t)];
-        if (p == 0.0f) continue;
-        const float* v = exact_v.data() + (t - n_qvalues_) * D;
-        for (int c = 0; c < D; ++c) acc[size_t(c)] += p * v[c];
-      }
-      const float inv = float(1.0 / denom);
-      for (int c = 0; c < D; ++c) o[c] = acc[size_t(c)] * inv;
     }
   });
   copy_into(of.view(), out);
