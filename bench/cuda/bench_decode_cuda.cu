@@ -221,15 +221,21 @@ struct Row {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::string peer_path;
+  std::string peer_path, filter, shape_arg;
   int reps = 30;
-  bool quick = false;
+  bool quick = false, skip_encode = false, skip_step = false, noflush = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];     // only rows whose name contains it
+    else if (a == "--shape" && i + 1 < argc) shape_arg = argv[++i];   // e.g. 1x16384
     else if (a == "--quick") quick = true;
+    else if (a == "--skip-encode") skip_encode = true;
+    else if (a == "--skip-step") skip_step = true;
+    else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
   }
+  auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;
@@ -269,8 +275,12 @@ int main(int argc, char** argv) {
 
   const std::map<std::pair<int, int>, Peer> peer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{}
                                                                      : read_peer(peer_path);
-  const std::vector<std::pair<int, int>> shapes = quick ? std::vector<std::pair<int, int>>{{1, 131072}}
-                                                        : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
+  std::vector<std::pair<int, int>> shapes = quick ? std::vector<std::pair<int, int>>{{1, 131072}}
+                                                  : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
+  if (!shape_arg.empty()) {
+    const size_t x = shape_arg.find('x');
+    shapes = {{std::atoi(shape_arg.substr(0, x).c_str()), std::atoi(shape_arg.substr(x + 1).c_str())}};
+  }
   const std::vector<Spec> specs = {{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}, {8, 8, 8, 8}};
   std::vector<Row> rows;
   std::mt19937_64 rng(1234);
@@ -372,7 +382,7 @@ int main(int argc, char** argv) {
     all_valid &= ok;
     std::vector<float> t;
     for (int r = 0; r < reps + 3; ++r) {
-      CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+      if (!noflush) CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
       CK(cudaEventRecord(tm.a));
       launch(p);
       CK(cudaEventRecord(tm.b));
@@ -402,6 +412,7 @@ int main(int argc, char** argv) {
         continue;
       }
       const int bps = cuda::attn_blocks_per_sm(key, dev);
+      if (!selected(fp ? "ours-fp16" : s.str())) continue;
       for (auto [B, L] : shapes)
         rows.push_back(measure(fp ? "ours-fp16" : s.str(), s, B, L, fp == 1, bps,
                                [&](const cuda::AttnParams& p) { cuda::attn_launch(key, p, nullptr); }));
@@ -416,16 +427,17 @@ int main(int argc, char** argv) {
     const Spec s{v.key.key_sub_dim, v.key.key_bits, v.key.value_sub_dim, v.key.value_bits};
     const int bps = cuda::attn_variant_blocks_per_sm(i, dev);
     const std::string name = s.str() + " kt" + std::to_string(v.kt) + " mb" + std::to_string(v.minb) + " w" +
-                             std::to_string(v.warps);
+                             std::to_string(v.warps) + " p" + std::to_string(v.pipe);
+    if (!selected(name)) continue;
     for (auto [B, L] : shapes)
       var_rows.push_back(
           measure(name, s, B, L, false, bps, [&](const cuda::AttnParams& p) { cuda::attn_launch_variant(i, p, nullptr); }));
   }
 
   // ---- encode throughput -------------------------------------------------------------------
-  std::printf("\nencode (bulk, 8 x 8 kv heads x 4096 tokens, head_dim 128)\n");
   std::vector<std::pair<std::string, double>> enc_rows;
-  for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}, Spec{8, 12, 8, 12}, Spec{4, 10, 8, 12}})
+  if (!skip_encode) std::printf("\nencode (bulk, 8 x 8 kv heads x 4096 tokens, head_dim 128)\n");
+  for (const Spec& s : skip_encode ? std::vector<Spec>{} : std::vector<Spec>{{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}})
     for (int side = 1; side <= 2; ++side) {
       const int B = 8, n = 4096;
       const int sub = side == 1 ? s.ks : s.vs, bits = side == 1 ? s.kb : s.vb;
@@ -528,7 +540,7 @@ int main(int argc, char** argv) {
 
   // ---- one decode step through the cache API, captured in a graph --------------------------
   double step_us = 0;
-  {
+  if (!skip_step) {
     KVCacheConfig c;
     c.kind = CacheKind::VecInfer;
     c.head_dim = kD;

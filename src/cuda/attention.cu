@@ -22,7 +22,7 @@ void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
 struct AttnVariantEntry {
   AttnEntry entry;
-  int kt, minb, warps;
+  int kt, minb, warps, pipe;
 };
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
@@ -125,6 +125,9 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_VALUE(gy <= 65535 && p.batch <= 65535,
                  "CUDA attention: grid too large (n_kv_heads·row chunks = " << gy << ", batch = " << p.batch << ")");
   if (p.batch == 0 || p.n_kv_heads == 0 || p.q_len == 0) return;
+  VQ_CHECK_VALUE(p.win_all || (p.k_row_stride == e->k_row && p.v_row_stride == e->v_row),
+                 "CUDA attention: code row strides " << p.k_row_stride << "/" << p.v_row_stride << " differ from the "
+                                                     << e->k_row << "/" << e->v_row << " the kernel is built for");
   ensure_smem_attr(*e);
   e->launch(p, dim3(p.n_splits, unsigned(gy), p.batch), as_stream(stream));
   VQ_CUDA_CHECK(cudaGetLastError());
@@ -150,7 +153,7 @@ const AttnVariantEntry& variant(int i) {
 int attn_variant_count() { return int(variants().size()); }
 AttnVariantInfo attn_variant_info(int i) {
   const AttnVariantEntry& e = variant(i);
-  return {e.entry.key, e.kt, e.minb, e.warps};
+  return {e.entry.key, e.kt, e.minb, e.warps, e.pipe};
 }
 int attn_variant_blocks_per_sm(int i, int device) {
   const AttnEntry& e = variant(i).entry;

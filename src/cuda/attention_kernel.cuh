@@ -59,7 +59,7 @@ constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, i
   return {rk, rv};
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
 struct AttnTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
   static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
@@ -89,8 +89,16 @@ struct AttnTraits {
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
   static constexpr int kEK = KS * 2, kEV = VS * 2;        // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
-  // two blocks per multiprocessor must share its 227 KB
-  static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, MINB == 1 ? 192 * 1024 : 96 * 1024);
+  // code rows as laid out by the caches (pq.h packing, padded to 4 bytes)
+  static constexpr int kKRow = ((D / KS * KB + 7) / 8 + 3) / 4 * 4, kVRow = ((D / VS * VB + 7) / 8 + 3) / 4 * 4;
+  // PIPE > 0: each warp streams its tiles through its own ring of PIPE shared-memory stages
+  // (cp.async), PIPE − 1 tiles ahead; PIPE = 0: one tile ahead in registers
+  static constexpr int kStageBytes = 16 * KT * (kKRow + kVRow);
+  static constexpr int kRingBytes = PIPE * W * kStageBytes;
+  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + 64;
+  // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
+  static constexpr int kCbBudget = (MINB == 1 ? 200 * 1024 : 100 * 1024) - kRingBytes - kQBytes;
+  static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
   static constexpr int kRK = kCopies.k, kRV = kCopies.v;
   static constexpr int kGK = kPK / kRK, kGV = kPV / kRV;  // bank groups per copy
   static constexpr int kKcbBytes = kNK * kEK * kRK, kVcbBytes = kNV * kEV * kRV;
@@ -99,8 +107,30 @@ struct AttnTraits {
   static constexpr int kCoStride = D + 4;
   static constexpr int kCombineBytes = (kWarps * kRows * kCoStride + 2 * kWarps * kRows) * 4;
   static constexpr int kRegion = ((kCbBytes > kCombineBytes ? kCbBytes : kCombineBytes) + 15) / 16 * 16;
-  static constexpr int kSmem = kRegion + kRows * D * (2 + 2 + 4) + 64;
+  static constexpr int kSmem = kRegion + kRingBytes + kQBytes;
+  static_assert(kCbBytes <= kCbBudget || (kRK == 1 && kRV == 1), "codebooks do not fit");
 };
+
+// ---- cp.async (sm_80+): global → shared without registers ------------------------------------
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+/// Copies `bytes` (a multiple of 4) from global src to shared dst with the lanes of a warp.
+__device__ __forceinline__ void warp_copy_async(uint32_t dst, const uint8_t* src, int bytes, int lane) {
+  if (((reinterpret_cast<uintptr_t>(src) | dst) & 15) == 0) {
+    for (int i = lane * 16; i < bytes; i += 32 * 16) cp_async16(dst + i, src + i);  // may round the tail up
+  } else {
+    for (int i = lane * 4; i < bytes; i += 32 * 4) cp_async4(dst + i, src + i);
+  }
+}
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -177,14 +207,15 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool vali
   }
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
 __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams p) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* const sK = smem;
   unsigned char* const sV = smem + T::kKcbBytes;
-  __half* const sQt = reinterpret_cast<__half*>(smem + T::kRegion);  // [kRows][D] q̃·scale
+  unsigned char* const sRing = smem + T::kRegion;                      // [W][PIPE][stage]
+  __half* const sQt = reinterpret_cast<__half*>(smem + T::kRegion + T::kRingBytes);  // [kRows][D] q̃·scale
   __half* const sQr = sQt + kRows * D;                                 // [kRows][D] q·scale
   float* const sQw = reinterpret_cast<float*>(sQr + kRows * D);        // [kRows][D] scratch
   int* const sFlag = reinterpret_cast<int*>(sQw + kRows * D);
@@ -522,22 +553,78 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       }
     };
-    // Two register buffers, alternated: the next tile's codes load while this one computes.
-    Tile ta, tb;
-    int base = c0 + warp * T::kWarpTok;
-    if (base < c1) load_tile(ta, base);
-    while (base < c1) {
-      const int nb = base + T::kBlockTok;
-      if (nb < c1) load_tile(tb, nb);
-      prefetch(base);
-      process(ta, base);
-      base = nb;
-      if (base >= c1) break;
-      const int nb2 = base + T::kBlockTok;
-      if (nb2 < c1) load_tile(ta, nb2);
-      prefetch(base);
-      process(tb, base);
-      base = nb2;
+    if constexpr (PIPE == 0) {
+      // Two register buffers, alternated: the next tile's codes load while this one computes.
+      Tile ta, tb;
+      int base = c0 + warp * T::kWarpTok;
+      if (base < c1) load_tile(ta, base);
+      while (base < c1) {
+        const int nb = base + T::kBlockTok;
+        if (nb < c1) load_tile(tb, nb);
+        prefetch(base);
+        process(ta, base);
+        base = nb;
+        if (base >= c1) break;
+        const int nb2 = base + T::kBlockTok;
+        if (nb2 < c1) load_tile(ta, nb2);
+        prefetch(base);
+        process(tb, base);
+        base = nb2;
+      }
+    } else {
+      // This warp's ring: tile j lives in stage j % PIPE, issued PIPE − 1 tiles ahead.
+      unsigned char* const ring = sRing + warp * PIPE * T::kStageBytes;
+      const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring));
+      auto issue = [&](int j) {
+        const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
+        if (base < c1) {
+          const int ntok = min(T::kWarpTok, c1 - base);
+          const uint32_t st = ring_s + (j % PIPE) * T::kStageBytes;
+          warp_copy_async(st, kcodes + int64_t(base) * T::kKRow, ntok * T::kKRow, lane);
+          warp_copy_async(st + 16 * KT * T::kKRow, vcodes + int64_t(base) * T::kVRow, ntok * T::kVRow, lane);
+        }
+        cp_async_commit();
+      };
+      auto fill = [&](Tile& tl, int j) {
+        const unsigned char* st = ring + (j % PIPE) * T::kStageBytes;
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj) {
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(st + (kt * 16 + g + 8 * jj) * T::kKRow) + kw0;
+            if constexpr (T::kKW == 2 && T::kKBits % 64 == 0 && T::kKRow % 8 == 0) {
+              const uint2 v = *reinterpret_cast<const uint2*>(w);
+              tl.k[kt][jj][0] = v.x, tl.k[kt][jj][1] = v.y;
+            } else {
+#pragma unroll
+              for (int x = 0; x < T::kKW; ++x) tl.k[kt][jj][x] = w[x];
+            }
+          }
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
+                                                                  (kt * 16 + t + 4 * q) * T::kVRow) + vw0;
+#pragma unroll
+            for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
+          }
+        }
+      };
+#pragma unroll 1
+      for (int j = 0; j < PIPE - 1; ++j) issue(j);
+#pragma unroll 1
+      for (int j = 0;; ++j) {
+        const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
+        if (base >= c1) break;
+        issue(j + PIPE - 1);
+        cp_async_wait<PIPE - 1>();
+        __syncwarp();
+        Tile cur;
+        fill(cur, j);
+        prefetch(base);
+        process(cur, base);
+        __syncwarp();  // every lane is done with stage j % PIPE before it is refilled
+      }
+      cp_async_wait<0>();
     }
   }
 
@@ -710,24 +797,27 @@ struct AttnEntry {
   AttnConfigKey key;
   const void* kernel;
   int smem, threads;
+  int k_row, v_row;  ///< code row strides the kernel is compiled for
   void (*launch)(const AttnParams&, dim3, cudaStream_t);
 };
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
 void attn_launch_t(const AttnParams& p, dim3 grid, cudaStream_t s) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
-  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W><<<grid, T::kThreads, T::kSmem, s>>>(p);
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
+  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE><<<grid, T::kThreads, T::kSmem, s>>>(p);
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
 AttnEntry attn_entry() {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
   static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
   return {{D, KS, KB, VS, VB, NT},
-          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W>),
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>),
           T::kSmem,
           T::kThreads,
-          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W>};
+          T::kKRow,
+          T::kVRow,
+          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>};
 }
 
 }  // namespace veloxquant::cuda

@@ -1,22 +1,24 @@
 // src/cuda/attn_var_k4b8_v4b8.cu — tuning variants of the attention kernel for keys d4b8,
 // values d4b8 at head_dim 128 (one row tile): warp tiles of 1, 2 or 4 k-tiles, 1 or 2
-// blocks per multiprocessor, 8 or 16 warps per block. Compiled with VQ_CUDA_ALL_CONFIGS only; bench_decode_cuda
+// blocks per multiprocessor, 8 or 16 warps per block, codes
+// staged through per-warp cp.async rings of PIPE stages (0: register double buffering). Compiled with VQ_CUDA_ALL_CONFIGS only; bench_decode_cuda
 // times them side by side (docs/cuda-notes.md records which one became the default).
 #include "cuda/attn_configs.h"
 
 namespace veloxquant::cuda {
 struct AttnVariantEntry {
   AttnEntry entry;
-  int kt, minb, warps;
+  int kt, minb, warps, pipe;
 };
 #if defined(VQ_CUDA_ALL_CONFIGS) && VQ_CUDA_ALL_CONFIGS
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>& out) {
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 8>(), 2, 1, 8});
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8>(), 2, 2, 8});
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 2, 8>(), 1, 2, 8});
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 4, 1, 8>(), 4, 1, 8});
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16>(), 2, 1, 16});
-  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 1, 16>(), 1, 1, 16});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 1, 16, 0>(), 1, 1, 16, 0});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 8, 0>(), 2, 1, 8, 0});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 1, 16, 4>(), 1, 1, 16, 4});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 1, 16, 6>(), 1, 1, 16, 6});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 8, 4>(), 2, 1, 8, 4});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 1, 2, 8, 4>(), 1, 2, 8, 4});
+  out.push_back({attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3>(), 2, 1, 16, 3});
 }
 #else
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&) {}

@@ -77,6 +77,7 @@ __device__ __forceinline__ void load_centroid(const float* cb, int c, float (&v)
 template <int SD>
 __device__ __forceinline__ void oracle_scan(const float (&x)[SD], const float* cb, int c0, int c1, float& best,
                                             int& code) {
+#pragma unroll 4
   for (int c = c0; c < c1; ++c) {
     float v[SD];
     load_centroid<SD>(cb, c, v);
@@ -98,7 +99,7 @@ __device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&l
                        float cmax, int cbeg, int cend, float (&best)[SPL], int (&code)[SPL]) {
   float xm2[SPL][SD], m1[SPL], m2[SPL], m3[SPL], margin[SPL];
   int b1[SPL], b2[SPL];
-  bool slow[SPL];
+  bool slow[SPL], done[SPL];
 #pragma unroll
   for (int s = 0; s < SPL; ++s) {
     float n2 = 0.0f;
@@ -117,9 +118,12 @@ __device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&l
     b1[s] = b2[s] = cbeg;
     best[s] = INFINITY;
     code[s] = finite ? cbeg : 0;
-    if (!finite || !live[s]) slow[s] = false, m3[s] = -INFINITY;  // marks "done" (code set)
+    done[s] = !finite || !live[s];  // code already decided (non-finite: 0, as the oracle)
   }
-  const int chunk = (cend - cbeg) < 16 ? (cend - cbeg) : 16;
+  // Fast scores a_c = ||c||² − 2x·c over chunks of 8 centroids; the three smallest chunk minima
+  // (and the chunks of the first two) are tracked without branches.
+  constexpr int kChunk = 8;
+  const int chunk = (cend - cbeg) < kChunk ? (cend - cbeg) : kChunk;
   for (int ch = cbeg; ch < cend; ch += chunk) {
     float cm[SPL];
 #pragma unroll
@@ -140,20 +144,17 @@ __device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&l
 #pragma unroll
     for (int s = 0; s < SPL; ++s) {
       const float c = cm[s];
-      if (c < m3[s]) {
-        if (c < m2[s]) {
-          m3[s] = m2[s];
-          if (c < m1[s]) m2[s] = m1[s], b2[s] = b1[s], m1[s] = c, b1[s] = ch;
-          else m2[s] = c, b2[s] = ch;
-        } else {
-          m3[s] = c;
-        }
-      }
+      const bool lt1 = c < m1[s], lt2 = c < m2[s];
+      m3[s] = lt2 ? m2[s] : fminf(m3[s], c);
+      m2[s] = lt1 ? m1[s] : (lt2 ? c : m2[s]);
+      b2[s] = lt1 ? b1[s] : (lt2 ? ch : b2[s]);
+      m1[s] = lt1 ? c : m1[s];
+      b1[s] = lt1 ? ch : b1[s];
     }
   }
 #pragma unroll
   for (int s = 0; s < SPL; ++s) {
-    if (m3[s] == -INFINITY) continue;  // non-finite or dead slot: code already decided
+    if (done[s]) continue;
     const float thr = m1[s] + margin[s];
     float bst = INFINITY;
     int cd = cbeg;
@@ -223,20 +224,18 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   const int nC = 1 << sd.bits;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* const s_cb = reinterpret_cast<float*>(smem);                  // [nC][SD] (throughput mode)
-  float* const s_nrm = s_cb + (CS == 1 ? nC * SD : 0);                 // [nC]
-  float* const s_x = s_nrm + (CS == 1 ? nC : 0);                        // [warps][TPJ][D]
+  float* const s_nrm = s_cb + nC * SD;                                  // [nC]
+  float* const s_x = s_nrm + nC;                                        // [warps][TPJ][D]
   uint32_t* const s_code = reinterpret_cast<uint32_t*>(s_x + kEncWarps * TPJ * D);  // [warps][TPJ·kNSub]
   float* const s_best = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub); // [warps][32·SPL]
   int* const s_bcode = reinterpret_cast<int*>(s_best + kEncWarps * 32 * SPL);       // [warps][32·SPL]
 
-  const float* cb = sd.cb;
-  const float* nrm = sd.norms;
-  if (CS == 1) {
-    for (int i = tid; i < nC * SD; i += 256) s_cb[i] = sd.cb[i];
-    for (int i = tid; i < nC; i += 256) s_nrm[i] = sd.norms[i];
-    __syncthreads();
-    cb = s_cb, nrm = s_nrm;
-  }
+  // the f32 codebook in shared memory: every scan reads it as warp-wide broadcasts
+  for (int i = tid; i < nC * SD / 4; i += 256) reinterpret_cast<float4*>(s_cb)[i] = reinterpret_cast<const float4*>(sd.cb)[i];
+  for (int i = tid; i < nC; i += 256) s_nrm[i] = sd.norms[i];
+  __syncthreads();
+  const float* const cb = s_cb;
+  const float* const nrm = s_nrm;
   float* const xs = s_x + warp * TPJ * D;
   uint32_t* const cc = s_code + warp * TPJ * kNSub;
   const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
@@ -474,7 +473,7 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
   const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
                                                         : (p.k_sub == SD ? p.k_bits : p.v_bits));
-  const size_t smem = (CS == 1 ? size_t(nmax) * (SD + 1) * 4 : 0) + size_t(kEncWarps) * TPJ * D * 4 +
+  const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * D * 4 +
                       size_t(kEncWarps) * TPJ * kNSub * 4 + size_t(kEncWarps) * 32 * SPL * 8;
   auto kern = vq_encode_kernel<D, SD, SPL, CS>;
   static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
@@ -503,7 +502,7 @@ template <int D, int SD>
 void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kNSub = D / SD;
   constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
-  constexpr int kSplBulk = SD == 4 ? 8 : 4;  // sub-vectors per lane: amortise each centroid load
+  constexpr int kSplBulk = 4;  // sub-vectors per lane (8 measured slower: run 2)
   if (decode_mode && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) >= 64) encode_t<D, SD, kSplDec, 8>(p, s);
   else encode_t<D, SD, kSplBulk, 1>(p, s);
 }

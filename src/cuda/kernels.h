@@ -101,7 +101,7 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
 /// the benchmark to time side by side. key says which configuration each serves.
 struct AttnVariantInfo {
   AttnConfigKey key;
-  int kt, minb, warps;
+  int kt, minb, warps, pipe;
 };
 int attn_variant_count();
 AttnVariantInfo attn_variant_info(int i);
