@@ -150,19 +150,6 @@ inline __m512 load16(const char* p) {
   }
 }
 
-// Sums each of a0..a3 horizontally; returns {Σa0, Σa1, Σa2, Σa3}.
-inline __m128 hsum4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
-  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
-  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
-  // u = [a0.l0+a0.l2, a0.l1+a0.l3, a1.l0+a1.l2, a1.l1+a1.l3] (128-bit lanes), v alike for a2, a3
-  __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
-  // w = [a0 partial, a1 partial, a2 partial, a3 partial], 4 floats each
-  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0x4E));
-  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0xB1));
-  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
-  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, w));
-}
-
 template <DType T>
 void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const RowBlock& rb, float* S4) {
   const int es = dtype_size(T);
@@ -184,7 +171,7 @@ void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
       a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + d), kv, a2);
       a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q3 + d), kv, a3);
     }
-    _mm_storeu_ps(S4 + 4 * (t - a), hsum4(a0, a1, a2, a3));
+    _mm_storeu_ps(S4 + 4 * (t - a), hsum4_512(a0, a1, a2, a3));
   }
 }
 

@@ -86,6 +86,22 @@ inline __m256 exp_poly_256(__m256 x) {
 }
 #endif
 
+#if defined(__AVX512F__)
+// Sums each of a0..a3 horizontally; returns {Σa0, Σa1, Σa2, Σa3}.
+inline __m128 hsum4_512(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m512 u = _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xEE));
+  const __m512 v = _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xEE));
+  // u = [a0.l0+a0.l2, a0.l1+a0.l3, a1.l0+a1.l2, a1.l1+a1.l3] (128-bit lanes), v alike for a2, a3
+  __m512 w = _mm512_add_ps(_mm512_shuffle_f32x4(u, v, 0x88), _mm512_shuffle_f32x4(u, v, 0xDD));
+  // w = [a0 partial, a1 partial, a2 partial, a3 partial], 4 floats each
+  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0x4E));
+  w = _mm512_add_ps(w, _mm512_permute_ps(w, 0xB1));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0);
+  return _mm512_castps512_ps128(_mm512_permutexvar_ps(idx, w));
+}
+
+#endif
+
 /// x[i] = exp(x[i] − m[i % 4]) for i in [0, 4·n) (4 interleaved lanes: one per query row), and
 /// sum[l] += Σ over lane l. Any alignment.
 inline void exp_sub_lanes4(float* x, int64_t n, const float m[4], float sum[4]) {

@@ -43,7 +43,8 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kTokenBlock = 1024;    // tokens per inner block (codes + scores stay in L1/L2)
 constexpr int64_t kMinChunk = 2048;      // smallest coded chunk worth its own unit
 constexpr int64_t kTargetUnits = 16;     // split coded spans until about this many units exist
-constexpr int kMaxTableBits = 10;        // LUT/histogram only up to 1024 centroids (512 KiB at d4)
+constexpr int kMaxLutBits = 10;          // key LUT up to 1024 centroids (512 KiB at d4); larger: dequant
+constexpr int kMaxTableBits = 12;        // value histogram up to 4096 centroids (blocked by m)
 constexpr size_t kL1Slice = 32 * 1024;   // bytes of table slice per m block
 
 // ---- 4-lane float vector: SSE where present, plain floats elsewhere ----------------------------
@@ -200,8 +201,12 @@ void lut_scores(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int
   if constexpr (std::is_same_v<I, uint8_t>) {
     if (nc == 256 && mb == 8) return lut_scores_b8_256_mb8(idx, istride, n, n_sub, lut, S4);
   }
-  if (nc == 256) lut_scores_nc<256>(mb, idx, istride, n, n_sub, nc, lut, S4);
-  else lut_scores_nc<0>(mb, idx, istride, n, n_sub, nc, lut, S4);
+  switch (nc) {
+    case 256: return lut_scores_nc<256>(mb, idx, istride, n, n_sub, nc, lut, S4);
+    case 1024: return lut_scores_nc<1024>(mb, idx, istride, n, n_sub, nc, lut, S4);
+    case 4096: return lut_scores_nc<4096>(mb, idx, istride, n, n_sub, nc, lut, S4);
+    default: return lut_scores_nc<0>(mb, idx, istride, n, n_sub, nc, lut, S4);
+  }
 }
 
 template <int NC, typename I>
@@ -219,8 +224,12 @@ void hist_add(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int n
   if constexpr (std::is_same_v<I, uint8_t>) {
     if (nc == 256 && mb == 8) return hist_add_b8_256_mb8(idx, istride, n, n_sub, P4, T4);
   }
-  if (nc == 256) hist_add_nc<256>(mb, idx, istride, n, n_sub, nc, P4, T4);
-  else hist_add_nc<0>(mb, idx, istride, n, n_sub, nc, P4, T4);
+  switch (nc) {
+    case 256: return hist_add_nc<256>(mb, idx, istride, n, n_sub, nc, P4, T4);
+    case 1024: return hist_add_nc<1024>(mb, idx, istride, n, n_sub, nc, P4, T4);
+    case 4096: return hist_add_nc<4096>(mb, idx, istride, n, n_sub, nc, P4, T4);
+    default: return hist_add_nc<0>(mb, idx, istride, n, n_sub, nc, P4, T4);
+  }
 }
 
 // ---- tables from the expanded codebook CX[e][c][4] ---------------------------------------------
@@ -310,6 +319,51 @@ void dequant_scores(const I* idx, int64_t istride, int64_t n, const ProductQuant
   }
 }
 
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// S4[t][r] = qt[r] · decode(codes_t) for sub_dim 4 or 8 and head_dim % 16 == 0: each 16-float
+// slice of K̃_t is assembled from 4 (or 2) codebook rows straight into a register, then one
+// FMA per query row; the 4 row sums are reduced together. Used for codebooks too large for a
+// per-query table (12-bit keys: the 64 KiB codebook stays in L1/L2, a 2 MiB LUT would not).
+template <int DSUB, typename I>
+void dequant_scores_512(const I* idx, int64_t istride, int64_t n, const float* cb, const float* qt, int64_t D,
+                        float* S4) {
+  for (int64_t t = 0; t < n; ++t) {
+    const I* c = idx + t * istride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += 16) {
+      __m512 kv;
+      if constexpr (DSUB == 4) {
+        const int64_t m = d / 4;
+        kv = _mm512_castps128_ps512(_mm_loadu_ps(cb + size_t(c[m]) * 4));
+        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 1]) * 4), 1);
+        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 2]) * 4), 2);
+        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 3]) * 4), 3);
+      } else {
+        const int64_t m = d / 8;
+        kv = _mm512_castps256_ps512(_mm256_loadu_ps(cb + size_t(c[m]) * 8));
+        kv = _mm512_insertf32x8(kv, _mm256_loadu_ps(cb + size_t(c[m + 1]) * 8), 1);
+      }
+      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d), kv, a0);
+      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + D + d), kv, a1);
+      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + 2 * D + d), kv, a2);
+      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + 3 * D + d), kv, a3);
+    }
+    _mm_storeu_ps(S4 + 4 * t, hsum4_512(a0, a1, a2, a3));
+  }
+}
+#endif
+
+// Dequant scores, dispatched to the register-assembling kernel where it applies.
+template <typename I>
+void dequant_scores_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* qt,
+                        int64_t D, float* row, float* S4) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if (D % 16 == 0 && pq.sub_dim == 4) return dequant_scores_512<4>(idx, istride, n, pq.codebook.data(), qt, D, S4);
+  if (D % 16 == 0 && pq.sub_dim == 8) return dequant_scores_512<8>(idx, istride, n, pq.codebook.data(), qt, D, S4);
+#endif
+  dequant_scores(idx, istride, n, pq, qt, D, row, S4);
+}
+
 template <typename I>
 void dequant_values(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* P4, int64_t D,
                     float* row, float* o) {
@@ -351,6 +405,59 @@ struct CodeRows {
   int64_t stride = 0;
 };
 
+// Unpacks the n_codes codes of one packed row (pq.h: LSB-first, code i at bits
+// [i·bits, (i+1)·bits)). With AVX-512 VBMI, 16 codes at a time: a chunk of 16 codes starts on
+// a byte boundary, one byte permute gives every 32-bit lane the 4 bytes holding its code, a
+// variable shift and a mask extract it, vpmovdw narrows to 16 bits. Scalar: a 64-bit window
+// per code where 8 bytes fit in the row, read_code for the last ones.
+struct UnpackPlan {
+  int bits = 0;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+  __m512i idx, shift, mask;
+#endif
+  explicit UnpackPlan(int b) : bits(b) {
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+    alignas(64) uint8_t ib[64];
+    alignas(64) uint32_t sh[16];
+    for (int j = 0; j < 16; ++j) {
+      const int bit = j * b;
+      for (int k = 0; k < 4; ++k) ib[4 * j + k] = uint8_t(bit / 8 + k);
+      sh[j] = uint32_t(bit % 8);
+    }
+    idx = _mm512_load_si512(ib);
+    shift = _mm512_load_si512(sh);
+    mask = _mm512_set1_epi32(int((1u << b) - 1u));
+#endif
+  }
+};
+
+inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, const UnpackPlan& plan, uint16_t* out) {
+  const int bits = plan.bits;
+  int i = 0;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+  for (; i + 16 <= n_codes; i += 16) {
+    const int64_t byte0 = int64_t(i) * bits / 8;
+    const int64_t avail = code_bytes - byte0;
+    const __mmask64 m = avail >= 64 ? ~__mmask64(0) : __mmask64((uint64_t(1) << avail) - 1);
+    const __m512i bytes = _mm512_maskz_loadu_epi8(m, row + byte0);
+    const __m512i w = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift),
+                                       plan.mask);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(w));
+  }
+#endif
+  const uint64_t mask = (uint64_t(1) << bits) - 1;
+  for (; i < n_codes; ++i) {
+    const int64_t bit = int64_t(i) * bits;
+    if ((bit >> 3) + 8 <= code_bytes) {
+      uint64_t w;
+      std::memcpy(&w, row + (bit >> 3), 8);
+      out[i] = uint16_t((w >> (bit & 7)) & mask);
+    } else {
+      out[i] = uint16_t(read_code(row, i, bits));
+    }
+  }
+}
+
 CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t b, int64_t kh, int64_t t, int64_t n,
                    std::vector<uint16_t>& buf) {
   const uint8_t* base = static_cast<const uint8_t*>(codes.data) + b * codes.strides[0] + kh * codes.strides[1];
@@ -366,10 +473,9 @@ CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t 
       for (int m = 0; m < pq.n_sub; ++m) buf[size_t(i * pq.n_sub + m)] = base[(t + i) * codes.strides[2] + m];
   } else {
     buf.resize(size_t(n * pq.n_sub));
-    for (int64_t i = 0; i < n; ++i) {
-      const uint8_t* row = base + (t + i) * codes.strides[2];
-      for (int m = 0; m < pq.n_sub; ++m) buf[size_t(i * pq.n_sub + m)] = uint16_t(read_code(row, m, pq.codebook_bits));
-    }
+    const UnpackPlan plan(pq.codebook_bits);
+    for (int64_t i = 0; i < n; ++i)
+      unpack_row(base + (t + i) * codes.strides[2], pq.n_sub, pq.code_bytes, plan, buf.data() + i * pq.n_sub);
   }
   r.wide = buf.data();
   r.stride = pq.n_sub;
@@ -408,8 +514,8 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
       if (cr.bytes) lut_scores(cx.key_mb, cr.bytes, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
       else lut_scores(cx.key_mb, cr.wide, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
     } else {
-      if (cr.bytes) dequant_scores(cr.bytes, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
-      else dequant_scores(cr.wide, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
+      if (cr.bytes) dequant_scores_any(cr.bytes, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
+      else dequant_scores_any(cr.wide, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
     }
   }
   if (!softmax_chunk(S4, a, n, rb, out)) return;
@@ -453,7 +559,7 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   CodedContext cx;
   cx.in = &in;
   cx.D = D;
-  cx.key_table_ok = kp.codebook_bits <= kMaxTableBits;
+  cx.key_table_ok = kp.codebook_bits <= kMaxLutBits;
   cx.value_table_ok = vp.codebook_bits <= kMaxTableBits;
   cx.key_mb = pick_mb(kp.n_sub, kp.n_centroids);
   cx.value_mb = pick_mb(vp.n_sub, vp.n_centroids);
