@@ -6,14 +6,17 @@
 // rows, token chunk) units, each a two-pass partial softmax, merged by log-sum-exp.
 //
 // Keys (coded chunk). With q̃_r = (q_r ⊙ λ)·H·scale for the 4 rows of the block:
-//   LUT path (codebook_bits <= 10, chunk long enough to pay for the table):
+//   LUT path (codebook_bits <= 10, chunk >= n_centroids/2 tokens, to pay for the table):
 //     LUT4[m][c][r] = q̃_r[m·d:(m+1)·d] · C_k[c]   ([n_sub, n_centroids, 4] f32)
 //     score[t][r]  = Σ_m LUT4[m][code_{t,m}][r]   — one 16-byte load serves all 4 rows.
 //   The table (128 KiB for d4b8) exceeds L1, so the m loop is blocked: MB sub-vectors whose
 //   slices fit 32 KiB are done for 512 tokens before the next MB (scores accumulate in place).
-//   Dequant path (otherwise): K̃_t decoded from the codebook, dotted with the 4 rows.
+//   Dequant path (otherwise, e.g. the default 12-bit keys, whose LUT would be 2 MiB): each
+//   16-float slice of K̃_t is assembled in a register from 4 (d4) or 2 (d8) codebook rows —
+//   the 64 KiB codebook stays cached — and dotted with the 4 rows (AVX-512; scalar elsewhere).
+//   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute).
 // Values (coded chunk), after the chunk's scores became p = exp(s − max):
-//   histogram path (codebook_bits <= 10, chunk long enough): T4[m][c][r] += p[t][r] for
+//   histogram path (codebook_bits <= 12, chunk long enough): T4[m][c][r] += p[t][r] for
 //     c = code_{t,m} (one 16-byte read-modify-write per token and sub-vector, blocked like the
 //     LUT), then o[r][m·d + e] = Σ_c T4[m][c][r]·C_v[c][e].
 //   Dequant path: o[r] += p[t][r]·V̂_t.
