@@ -16,7 +16,8 @@
 //                                  physical limit the memory-bound fp16 path runs against
 // Counters: bytes held (nbytes), bytes read per call, achieved GB/s.
 //
-// Run: build-b/bench/bench_decode [--benchmark_min_time=...] ; env VQ_BENCH_TOKENS / VQ_BENCH_THREADS.
+// Run: build-b/bench/bench_decode [--benchmark_filter=...] ; env VQ_BENCH_TOKENS, VQ_BENCH_THREADS,
+// VQ_BENCH_KEY_SPEC / VQ_BENCH_VALUE_SPEC (e.g. d4b12 / d8b8, the cache defaults; default d4b8).
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -51,6 +52,7 @@ int64_t env_int(const char* name, int64_t def) {
 struct Setup {
   int64_t tokens = 0;
   int threads = 0;
+  PQSpec kspec, vspec;
   std::unique_ptr<FP16KVCache> fp16;
   std::unique_ptr<VecInferKVCache> vq;
   Tensor q, out;
@@ -63,16 +65,22 @@ Setup& setup() {
     st.threads = int(env_int("VQ_BENCH_THREADS", std::max(1u, std::thread::hardware_concurrency())));
     std::mt19937_64 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);
-    // Codebooks: k-means on 64k sub-vectors of the (transformed) synthetic keys / values.
-    const int64_t n_train = 65536;
-    std::vector<float> sample(size_t(n_train) * 4);
-    for (auto& x : sample) x = nd(rng);
+    // Codebooks: k-means on sub-vectors of the (transformed) synthetic keys / values.
+    const char* ks = std::getenv("VQ_BENCH_KEY_SPEC");
+    const char* vs = std::getenv("VQ_BENCH_VALUE_SPEC");
+    st.kspec = ks ? PQSpec::parse(ks) : PQSpec{4, 8};
+    st.vspec = vs ? PQSpec::parse(vs) : PQSpec{4, 8};
     KMeansParams kp;
     kp.niter = 10;
     kp.seed = 1;
-    const KMeansResult kc = kmeans_train(sample.data(), n_train, 4, 256, kp);
-    for (auto& x : sample) x = nd(rng);
-    const KMeansResult vc = kmeans_train(sample.data(), n_train, 4, 256, kp);
+    auto train = [&](PQSpec sp) {
+      const int64_t n_train = std::max<int64_t>(65536, int64_t(16) << sp.codebook_bits);
+      std::vector<float> sample(size_t(n_train) * size_t(sp.sub_dim));
+      for (auto& x : sample) x = nd(rng);
+      return kmeans_train(sample.data(), n_train, sp.sub_dim, 1 << sp.codebook_bits, kp);
+    };
+    const KMeansResult kc = train(st.kspec);
+    const KMeansResult vc = train(st.vspec);
 
     KVCacheConfig c;
     c.kind = CacheKind::FP16;
@@ -81,10 +89,10 @@ Setup& setup() {
     c.n_threads = st.threads;
     st.fp16 = std::make_unique<FP16KVCache>(c);
     c.kind = CacheKind::VecInfer;
-    c.key_codebook_bits = 8;
-    c.key_sub_dim = 4;
-    c.value_codebook_bits = 8;
-    c.value_sub_dim = 4;
+    c.key_codebook_bits = st.kspec.codebook_bits;
+    c.key_sub_dim = st.kspec.sub_dim;
+    c.value_codebook_bits = st.vspec.codebook_bits;
+    c.value_sub_dim = st.vspec.sub_dim;
     c.key_codebook = kc.centroids;
     c.value_codebook = vc.centroids;
     c.fused_sdpa = true;
@@ -242,8 +250,9 @@ int main(int argc, char** argv) {
   const double bytes_ratio = double(s.fp16->nbytes()) / double(s.vq->nbytes());
   std::printf("\ndecode attention, batch 1, q_len 1, %d query heads, %d kv heads, head_dim %d, %lld tokens, %d threads\n",
               kHeads, kKvHeads, kHeadDim, (long long)s.tokens, s.threads);
-  std::printf("  bytes held: fp16 %lld, vecinfer d4b8 memory-bound %lld -> %.2fx fewer (goal >= 6x)\n",
-              (long long)s.fp16->nbytes(), (long long)s.vq->nbytes(), bytes_ratio);
+  std::printf("  bytes held: fp16 %lld, vecinfer keys %s values %s memory-bound %lld -> %.2fx fewer (goal >= 6x)\n",
+              (long long)s.fp16->nbytes(), s.kspec.str().c_str(), s.vspec.str().c_str(), (long long)s.vq->nbytes(),
+              bytes_ratio);
   if (rep.median_ms.count("decode/fp16") && rep.median_ms.count("decode/vecinfer")) {
     const double f = rep.median_ms["decode/fp16"], v = rep.median_ms["decode/vecinfer"];
     std::printf("  separate runs (median): fp16 %.3f ms (%.1f GB/s), vecinfer %.3f ms (%.1f GB/s) -> %.2fx\n", f,
