@@ -186,6 +186,16 @@ __device__ __forceinline__ void lds_entry(const unsigned char* s, uint32_t (&w)[
   }
 }
 
+/// Loads E bytes (8 or 16: one fp16 centroid) at a 32-bit shared-window address.
+template <int E>
+__device__ __forceinline__ void lds_entry_s(uint32_t a, uint32_t (&w)[E / 4]) {
+  if constexpr (E == 8) {
+    asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(w[0]), "=r"(w[1]) : "r"(a));
+  } else {
+    asm("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(w[0]), "=r"(w[1]), "=r"(w[2]), "=r"(w[3]) : "r"(a));
+  }
+}
+
 /// Loads E bytes of a window row (fp16, or bf16 converted to fp16) as fp16 words.
 template <int E>
 __device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool valid, uint32_t (&w)[E / 4]) {
@@ -365,11 +375,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   const int k_off = (lane & (T::kRK - 1)) * T::kGK * T::kEK;  // this lane's codebook copy
   const int v_off = (lane & (T::kRV - 1)) * T::kGV * T::kEV;
-  auto k_addr = [&](uint32_t c) -> const unsigned char* {
-    return sK + ((c / T::kGK) << 7) + (c % T::kGK) * T::kEK + k_off;
+  // 32-bit shared-window addresses: with full replication a lookup is one IMAD (c·128 + base)
+  const uint32_t k_base = uint32_t(__cvta_generic_to_shared(sK)) + uint32_t(k_off);
+  const uint32_t v_base = uint32_t(__cvta_generic_to_shared(sV)) + uint32_t(v_off);
+  auto k_addr = [&](uint32_t c) -> uint32_t {
+    if constexpr (T::kGK == 1) return c * 128u + k_base;
+    else return (c / T::kGK) * 128u + (c % T::kGK) * uint32_t(T::kEK) + k_base;
   };
-  auto v_addr = [&](uint32_t c) -> const unsigned char* {
-    return sV + ((c / T::kGV) << 7) + (c % T::kGV) * T::kEV + v_off;
+  auto v_addr = [&](uint32_t c) -> uint32_t {
+    if constexpr (T::kGV == 1) return c * 128u + v_base;
+    else return (c / T::kGV) * 128u + (c % T::kGV) * uint32_t(T::kEV) + v_base;
   };
 
   // Masks a tile's scores (tokens base + kt·16 + g + 8j) against [.., end) and the rows' bounds.
@@ -506,8 +521,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int i = 0; i < T::kKSpt; ++i) {
           uint32_t e0[KS / 2], e1[KS / 2];
-          lds_entry<T::kEK>(k_addr(code_at<KB>(a0, i)), e0);
-          lds_entry<T::kEK>(k_addr(code_at<KB>(a1, i)), e1);
+          lds_entry_s<T::kEK>(k_addr(code_at<KB>(a0, i)), e0);
+          lds_entry_s<T::kEK>(k_addr(code_at<KB>(a1, i)), e1);
 #pragma unroll
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
@@ -539,7 +554,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
             realign(cur.v[kt][q], vsh, a);
           }
-          lds_entry<T::kEV>(v_addr(code_at<VB>(a, i)), vw[q]);
+          lds_entry_s<T::kEV>(v_addr(code_at<VB>(a, i)), vw[q]);
         }
       });
     };

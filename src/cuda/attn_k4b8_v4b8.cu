@@ -3,5 +3,5 @@
 #include "cuda/attn_configs.h"
 
 namespace veloxquant::cuda {
-VQ_ATTN_REGISTER(k4b8_v4b8, 4, 8, 4, 8)
+VQ_ATTN_REGISTER_T(k4b8_v4b8, 4, 8, 4, 8, 2, 16, 3)
 }  // namespace veloxquant::cuda

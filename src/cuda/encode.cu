@@ -122,13 +122,12 @@ __device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&l
   }
   // Fast scores a_c = ||c||² − 2x·c over chunks of 8 centroids; the three smallest chunk minima
   // (and the chunks of the first two) are tracked without branches.
-  constexpr int kChunk = 8;
-  const int chunk = (cend - cbeg) < kChunk ? (cend - cbeg) : kChunk;
+  constexpr int chunk = 8;  // every slice holds a multiple of 8 centroids (>= 16 per codebook)
   for (int ch = cbeg; ch < cend; ch += chunk) {
     float cm[SPL];
 #pragma unroll
     for (int s = 0; s < SPL; ++s) cm[s] = INFINITY;
-#pragma unroll 4
+#pragma unroll
     for (int c = ch; c < ch + chunk; ++c) {
       float v[SD];
       load_centroid<SD>(cb, c, v);
@@ -190,10 +189,12 @@ __device__ __forceinline__ void warp_fwht(float* xs, int lane, float scale) {
 struct Pos {
   int b, kvh, i;
 };
-__device__ __forceinline__ Pos decompose(int64_t th, int n_kv_heads, int n) {
-  const int i = int(th % n);
-  const int64_t bh = th / n;
-  return {int(bh / n_kv_heads), int(bh % n_kv_heads), i};
+/// (batch, kv head, token) of a flat token-head index; 32-bit divisions (the host checks that
+/// batch·n_kv_heads·n fits), once per token, never per element: 64-bit division is emulated.
+__device__ __forceinline__ Pos decompose(int64_t th64, int n_kv_heads, int n) {
+  const uint32_t th = uint32_t(th64), un = uint32_t(n), uh = uint32_t(n_kv_heads);
+  const uint32_t bh = th / un;
+  return {int(bh / uh), int(bh - (bh / uh) * uh), int(th - bh * un)};
 }
 
 /// Packs n_sub codes (u32 in smem) into row words; lanes own words.
@@ -248,17 +249,22 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   for (int64_t job = job0; job < n_jobs; job += job_step) {
     const int64_t th0 = job * TPJ;
     // 1. the job's vectors, f32, transformed for keys
-    for (int idx = lane; idx < TPJ * D; idx += 32) {
-      const int tt = idx / D, d = idx % D;
+#pragma unroll 1
+    for (int tt = 0; tt < TPJ; ++tt) {
       const int64_t th = th0 + tt;
-      float x = 0.0f;
-      if (th < n_th) {
-        const Pos q = decompose(th, p.n_kv_heads, p.n_new);
-        x = load_f(sd.src.data, sd.src.dtype,
-                   q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2] + d * sd.src.stride[3]);
-        if (keys && p.inv_lambda) x = __fmul_rn(x, p.inv_lambda[q.kvh * D + d]);
+      if (th >= n_th) {
+        for (int d = lane; d < D; d += 32) xs[tt * D + d] = 0.0f;
+        continue;
       }
-      xs[idx] = x;
+      const Pos q = decompose(th, p.n_kv_heads, p.n_new);
+      const int64_t base = q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2];
+      const float* il = (keys && p.inv_lambda) ? p.inv_lambda + q.kvh * D : nullptr;
+#pragma unroll
+      for (int d = lane; d < D; d += 32) {
+        float x = load_f(sd.src.data, sd.src.dtype, base + d * sd.src.stride[3]);
+        if (il) x = __fmul_rn(x, il[d]);
+        xs[tt * D + d] = x;
+      }
     }
     __syncwarp();
     if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
@@ -542,6 +548,9 @@ void check_encode_geometry(const EncodeParams& p) {
 
 void encode_launch(const EncodeParams& p, bool decode_mode, void* stream) {
   check_encode_geometry(p);
+  VQ_CHECK_VALUE(int64_t(p.batch) * p.n_kv_heads * std::max(p.n_new, 1) < (int64_t(1) << 31),
+                 "CUDA encode: batch·n_kv_heads·n_new = " << int64_t(p.batch) * p.n_kv_heads * p.n_new
+                                                          << " token-heads in one call (limit 2^31)");
   if (p.batch == 0 || p.n_new == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
   switch (p.head_dim) {
