@@ -1,5 +1,6 @@
 // collect_kv.cpp — post-RoPE keys and values of a model run, for calibration.
 #include <algorithm>
+#include <cstdint>
 
 #include "veloxquant/error.h"
 #include "veloxquant/runtime/generate.h"
@@ -13,8 +14,8 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
   const int64_t row = int64_t(c.n_kv_heads) * c.head_dim;  // floats per token
   const int64_t bos = params.bos ? 1 : 0;
   const int64_t text_per_window = std::max<int64_t>(1, params.ctx - bos);
-  int64_t total = int64_t(tokens.size());
-  if (params.max_tokens > 0) total = std::min(total, params.max_tokens);
+  const int64_t n_text = int64_t(tokens.size());
+  const int64_t cap = params.max_tokens > 0 ? params.max_tokens : INT64_MAX;  // tokens collected, BOS included
 
   std::vector<std::vector<float>> keys(size_t(c.n_layers)), values(size_t(c.n_layers));
   auto observer = [&](int layer, const float* k, const float* v, int64_t n) {
@@ -23,14 +24,18 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
   };
   std::vector<int32_t> win;
   int64_t collected = 0;
-  for (int64_t pos = 0; pos < total; pos += text_per_window) {
+  for (int64_t pos = 0; pos < n_text;) {
+    const int64_t room = cap - collected - bos;
+    if (room <= 0) break;
+    const int64_t len = std::min({text_per_window, n_text - pos, room});
     win.clear();
     if (params.bos) win.push_back(*params.bos);
-    const int64_t len = std::min(text_per_window, total - pos);
     win.insert(win.end(), tokens.begin() + pos, tokens.begin() + pos + len);
     model.forward_nocache(win, DType::F32, /*all_logits=*/false, observer);
     collected += int64_t(win.size());
+    pos += len;
   }
+  VQ_CHECK_VALUE(collected > 0, "collect_kv_samples: max_tokens " << params.max_tokens << " leaves no room for a token");
 
   KVSamples s;
   s.n_layers = c.n_layers;

@@ -258,7 +258,10 @@ void matmul(const float* x, int64_t n, const WeightView& w, const float* bias, f
       default: break;
     }
   };
-  if (pool && n_tasks > 1) {
+  // Waking the pool costs a few microseconds; below ~128k multiply-adds (a tiny model's
+  // decode step) one thread finishes sooner.
+  const bool parallel = pool && n_tasks > 1 && n * w.rows * w.cols >= (int64_t(1) << 17);
+  if (parallel) {
     pool->parallel_for(n_tasks, task);
   } else {
     for (int64_t t = 0; t < n_tasks; ++t) task(t, 0);

@@ -90,7 +90,7 @@ PerplexityResult perplexity(const Model& model, LayerCaches& caches, std::span<c
 
 struct CollectParams {
   int64_t ctx = 512;           ///< tokens per forward pass (positions restart at 0 per window)
-  int64_t max_tokens = 0;      ///< stop after this many tokens (0: all)
+  int64_t max_tokens = 0;      ///< collect at most this many tokens, BOS included (0: all)
   std::optional<int32_t> bos;  ///< prepended to each window if set (its K/V are collected too)
 };
 

@@ -1,0 +1,93 @@
+// runtime_options.h — the model and cache options shared by `generate`, `perplexity` (and the
+// `--model` input of `calibrate`): parsing into runtime::CacheOptions and loading.
+#pragma once
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "common.h"
+
+#include "veloxquant/error.h"
+#include "veloxquant/runtime/model.h"
+
+namespace vqcli {
+
+struct ModelArgs {
+  std::string model_dir;
+  std::string device = "cpu";
+  int threads = 0;
+};
+
+struct CacheArgs {
+  std::string cache = "fp16";  // fp16 | vecinfer
+  std::string artifact;
+  std::string mode = "memory-bound";
+  int residual = 128;
+  std::string kv_dtype = "f16";
+  bool random_codebooks = false;
+  std::string key_spec = "d4b12";
+  std::string value_spec = "d8b8";
+  uint64_t seed = 0;
+};
+
+inline void add_model_options(CLI::App* app, ModelArgs& a) {
+  app->add_option("--model", a.model_dir, "Hugging Face model directory (config.json, safetensors, tokenizer.json)")
+      ->required()
+      ->check(CLI::ExistingDirectory);
+  app->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+}
+
+inline void add_cache_options(CLI::App* app, CacheArgs& a) {
+  app->add_option("--cache", a.cache, "KV cache: fp16 or vecinfer")->check(CLI::IsMember({"fp16", "vecinfer"}));
+  app->add_option("--artifact", a.artifact, "VecInfer codebook artifact (from `veloxquant calibrate`)");
+  app->add_option("--mode", a.mode, "VecInfer cache mode: memory-bound, stash or standard")
+      ->check(CLI::IsMember({"memory-bound", "stash", "standard"}));
+  app->add_option("--residual", a.residual, "VecInfer: most recent tokens kept exact in fp16");
+  app->add_option("--kv-dtype", a.kv_dtype, "storage of the fp16 parts: f16 or bf16")
+      ->check(CLI::IsMember({"f16", "bf16"}));
+  app->add_flag("--random-codebooks", a.random_codebooks,
+                "VecInfer without an artifact: random codebooks (testing only; quality is meaningless)");
+  app->add_option("--key-spec", a.key_spec, "random codebooks: key sub_dim/bits, e.g. d4b12");
+  app->add_option("--value-spec", a.value_spec, "random codebooks: value sub_dim/bits, e.g. d8b8");
+}
+
+/// The CUDA forward pass is not implemented: refuse clearly.
+inline void check_device(const ModelArgs& a) {
+  if (a.device == "cuda")
+    VQ_THROW(UnsupportedError,
+             "--device cuda: the runtime's forward pass runs on the CPU only in this version (the CUDA KV caches "
+             "exist, the model's CUDA kernels do not); use --device cpu");
+}
+
+inline std::unique_ptr<veloxquant::runtime::Model> load_model(const ModelArgs& a) {
+  check_device(a);
+  veloxquant::runtime::ModelOptions mo;
+  mo.n_threads = a.threads;
+  return veloxquant::runtime::Model::load(a.model_dir, mo);
+}
+
+inline veloxquant::runtime::CacheOptions cache_options(const CacheArgs& a, int threads) {
+  using namespace veloxquant;
+  runtime::CacheOptions o;
+  o.kind = a.cache == "vecinfer" ? CacheKind::VecInfer : CacheKind::FP16;
+  o.storage_dtype = a.kv_dtype == "bf16" ? DType::BF16 : DType::F16;
+  o.mode = a.mode == "stash" ? CacheMode::Stash : a.mode == "standard" ? CacheMode::Standard : CacheMode::MemoryBound;
+  o.residual_length = a.residual;
+  o.artifact_path = a.artifact;
+  o.key_spec = PQSpec::parse(a.key_spec);
+  o.value_spec = PQSpec::parse(a.value_spec);
+  o.seed = a.seed;
+  o.n_threads = threads;
+  if (o.kind == CacheKind::VecInfer && a.artifact.empty() && !a.random_codebooks)
+    VQ_THROW(ValueError, "--cache vecinfer needs --artifact FILE (from `veloxquant calibrate --model ...`), or "
+                         "--random-codebooks for a smoke test");
+  if (o.kind == CacheKind::FP16 && !a.artifact.empty())
+    VQ_THROW(ValueError, "--artifact is only used with --cache vecinfer");
+  return o;
+}
+
+}  // namespace vqcli
