@@ -248,6 +248,26 @@ TEST(RuntimeModel, CollectedKeysArePostRopeAndEqualWhatTheCacheHolds) {
   EXPECT_FALSE(std::equal(k1.begin() + 10 * row, k1.end(), k2.begin() + 10 * row));
 }
 
+TEST(RuntimeModel, CollectWindowsWithBosRespectMaxTokens) {
+  const auto m = load("tiny-llama");
+  const auto toks = random_tokens(40, m->config().vocab_size, 4);
+  CollectParams cp;
+  cp.ctx = 8;
+  cp.bos = 286;
+  cp.max_tokens = 15;  // [bos + 7 text] + [bos + 6 text]
+  const KVSamples s = collect_kv_samples(*m, toks, cp);
+  ASSERT_EQ(s.keys[0].dim(0), 15);
+  // Both windows start with BOS at position 0: identical K/V rows at 0 and 8, in every layer.
+  const int64_t row = int64_t(m->config().n_kv_heads) * m->config().head_dim;
+  for (int l = 0; l < s.n_layers; ++l) {
+    const auto k = s.keys[size_t(l)].to_vector_f32();
+    EXPECT_TRUE(std::equal(k.begin(), k.begin() + row, k.begin() + 8 * row)) << "layer " << l;
+    EXPECT_FALSE(std::equal(k.begin() + row, k.begin() + 2 * row, k.begin() + 9 * row)) << "layer " << l;
+  }
+  cp.max_tokens = 1;  // only room for the BOS
+  EXPECT_THROW(collect_kv_samples(*m, toks, cp), ValueError);
+}
+
 // ---- prompt cache --------------------------------------------------------------------------
 
 TEST(RuntimeModel, PromptCacheRoundTripGivesIdenticalContinuation) {
