@@ -1,0 +1,73 @@
+// veloxquant/runtime/model_cuda.h — the forward pass of a loaded Model on a CUDA device.
+//
+// CudaModel uploads the Model's weights once (f16/bf16 kept as they are, or expanded to f32 on
+// request) and runs the same network as Model::forward, op for op: embedding lookup, RMSNorm,
+// q/k/v projections (+ biases), Qwen3's q/k RMSNorm, RoPE from the runtime's own tables
+// (make_rope_table: the same scalings as the CPU), attention through the per-layer caches,
+// SwiGLU MLP, final norm and lm_head. Matrix products run on cuBLAS with fp32 accumulation
+// (no TF32); activations are f32 on the device.
+//
+// Caches: make_caches() builds device-resident caches (KVCacheFactory with config.device =
+// the model's device: fp16 or VecInfer, whose update/fused_sdpa take device tensors). The
+// device caches compile head_dim 64/128 (256 with VQ_CUDA_ALL_CONFIGS); CPU caches (the
+// runtime's make_caches) are accepted too: q/k/v then go to the host for attention and back.
+//
+// Without CUDA in the build, CudaModel::create throws CudaError ("veloxquant was built without
+// CUDA"). Nothing here includes a CUDA header and nothing changes with the CUDA option.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "veloxquant/runtime/model.h"
+
+namespace veloxquant::detail {
+class CudaDecoder;
+}
+
+namespace veloxquant::runtime {
+
+struct CudaModelOptions {
+  int device = 0;            ///< CUDA ordinal
+  /// Keep weights in f32 on the device (exact products with the f32 activations, 2× the
+  /// memory of a bf16 checkpoint). Off: f16/bf16 weights stay as they are and activations are
+  /// rounded to that dtype before each matrix product, as a half-precision framework does.
+  bool weights_f32 = false;
+};
+
+class CudaModel {
+ public:
+  /// Uploads `model`'s weights to the device. `model` must outlive the CudaModel (its config
+  /// and RoPE frequencies are read at every call). Throws CudaError without CUDA or a device.
+  static std::unique_ptr<CudaModel> create(const Model& model, const CudaModelOptions& options = {});
+  ~CudaModel();
+
+  const Model& model() const { return model_; }
+  Device device() const { return Device::cuda(options_.device); }
+  /// Bytes of device memory the weights take.
+  int64_t weight_bytes() const;
+
+  /// As Model::forward: runs `tokens` at positions caches[0]->offset() .., appends their K/V to
+  /// the caches and returns logits [n_out, vocab] on the host. Caches are device caches of
+  /// this device or CPU caches. options.path picks Fetch or Fused for CPU caches as the CPU
+  /// forward does; device caches always use update + fused_sdpa; options.observer is not
+  /// supported (ValueError). On an exception the caches are left as they were.
+  std::vector<float> forward(std::span<const int32_t> tokens, LayerCaches& caches,
+                             const ForwardOptions& options = {}) const;
+
+  /// Device-resident caches (one per layer) for `options` on this model's device (random
+  /// codebooks, or the artifact's with options.artifact_path, as runtime::make_caches).
+  LayerCaches make_caches(const CacheOptions& options) const;
+
+ private:
+  CudaModel(const Model& model, const CudaModelOptions& options);
+  void ensure_rope(int64_t n_positions) const;
+
+  const Model& model_;
+  CudaModelOptions options_;
+  std::unique_ptr<detail::CudaDecoder> dec_;
+};
+
+}  // namespace veloxquant::runtime

@@ -1,0 +1,454 @@
+// src/cuda/runtime_decoder.cu — the runtime's forward pass of a Llama-family decoder on one GPU
+// (core/cuda_decoder.h): the CPU forward of src/runtime/model.cpp, op for op, on the device.
+//
+// Activations (all f32, row-major, device):
+//   x, h      [n_tokens, hidden]                   residual stream / normed or projected rows
+//   q, att    [n_tokens, n_heads, head_dim]        seen by the caches as [1, n_heads, n_tokens, head_dim]
+//   k, v      [n_tokens, n_kv_heads, head_dim]     seen as [1, n_kv_heads, n_tokens, head_dim]
+//   g, u      [n_tokens, intermediate]
+//   lowp      [n_tokens, max(hidden, inter, n_heads·hd)] f16/bf16: activations rounded to the
+//             weights' dtype for a half-precision product (weights_f32 off)
+//   rope_cos, rope_sin [n_positions, head_dim/2]   the runtime's table (attention factor folded in)
+// Weights: [out, in] row-major as the checkpoint stores nn.Linear, in f32 or their own dtype.
+//
+// Matrix products are cublasGemmEx with CUBLAS_COMPUTE_32F (fp32 accumulation, never TF32: the
+// tests compare against the CPU forward at ~1e-4). The small ops are one plain kernel each: at
+// decode time they move a few KB and the products (weight streaming) dominate; fusing them is a
+// later optimisation. Attention goes through the caches' own device path (update, then
+// fused_sdpa on device tensors); CPU caches are also accepted (q/k/v copied over and back), so
+// head sizes the device caches do not compile still run. Everything is queued on the legacy
+// default stream, which the caches created by the runtime use too.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <string>
+
+#include "core/cuda_decoder.h"
+#include "cuda/cuda_util.cuh"
+#include "veloxquant/attention.h"
+#include "veloxquant/cache.h"
+#include "veloxquant/error.h"
+#include "veloxquant/tensor.h"
+
+namespace veloxquant::detail {
+namespace {
+
+#define VQ_CUBLAS(expr)                                                                       \
+  do {                                                                                        \
+    const cublasStatus_t vq_st_ = (expr);                                                     \
+    if (vq_st_ != CUBLAS_STATUS_SUCCESS)                                                      \
+      VQ_THROW(CudaError, #expr << " failed: cuBLAS status " << int(vq_st_) << " (" << __FILE__ \
+                                << ":" << __LINE__ << ")");                                  \
+  } while (0)
+
+// ---- kernels -------------------------------------------------------------------------------
+
+// out[t, :] = table[tokens[t], :] as f32. grid: n_tokens blocks.
+__global__ void embed_kernel(const void* table, DType dt, const int32_t* tokens, int64_t hidden, float* out) {
+  const int64_t t = blockIdx.x;
+  const int64_t row = tokens[t];
+  for (int64_t c = threadIdx.x; c < hidden; c += blockDim.x)
+    out[t * hidden + c] = cuda::load_f(table, dt, row * hidden + c);
+}
+
+// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ w. One block per row; x and y may alias
+// (every element is read and written by the same thread).
+__global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim, float eps) {
+  const int64_t r = blockIdx.x;
+  const float* xr = x + r * dim;
+  float* yr = y + r * dim;
+  float ss = 0.0f;
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += xr[c] * xr[c];
+  for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+  __shared__ float part[32];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (lane == 0) part[warp] = ss;
+  __syncthreads();
+  if (warp == 0) {
+    ss = lane < int(blockDim.x >> 5) ? part[lane] : 0.0f;
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) part[0] = ss;
+  }
+  __syncthreads();
+  const float inv = 1.0f / sqrtf(part[0] / float(dim) + eps);
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+}
+
+// Rotary embedding in place ("rotate half"), x [n_tokens, heads, head_dim], token t at
+// position start + t; one thread per (t, head, i < half).
+__global__ void rope_kernel(float* x, int64_t n_tokens, int heads, int head_dim, const float* cos_t,
+                            const float* sin_t, int64_t start) {
+  const int half = head_dim / 2;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= n_tokens * heads * half) return;
+  const int i = int(idx % half);
+  const int64_t th = idx / half;  // t * heads + h
+  const int64_t t = th / heads;
+  const float c = cos_t[(start + t) * half + i], s = sin_t[(start + t) * half + i];
+  float* v = x + th * head_dim;
+  const float a = v[i], b = v[i + half];
+  v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
+}
+
+__global__ void silu_mul_kernel(const float* g, const float* u, float* out, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const float a = g[i];
+  out[i] = (a / (1.0f + expf(-a))) * u[i];
+}
+
+__global__ void add_kernel(float* x, const float* y, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) x[i] += y[i];
+}
+
+// y [rows, cols] += bias [cols] per row.
+__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t cols) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) y[i] += bias[i % cols];
+}
+
+__global__ void round_kernel(const float* x, void* out, DType dt, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < n) cuda::store_f(out, dt, i, x[i]);
+}
+
+constexpr int kThreads = 256;
+inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) VQ_THROW(CudaError, "runtime forward: launching " << what << " failed: " << cudaGetErrorString(e));
+}
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::F32: return CUDA_R_32F;
+    case DType::F16: return CUDA_R_16F;
+    case DType::BF16: return CUDA_R_16BF;
+    default: VQ_THROW(ValueError, "runtime forward: weights must be f32, f16 or bf16, got " << dtype_name(t));
+  }
+}
+
+/// Device memory freed on destruction.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  DevBuf() = default;
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  void alloc(size_t n) {
+    if (n <= bytes) return;
+    if (p) {
+      VQ_CUDA_CHECK(cudaDeviceSynchronize());  // a queued kernel may still use the old buffer
+      VQ_CUDA_CHECK(cudaFree(p));
+      p = nullptr;
+      bytes = 0;
+    }
+    VQ_CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 4)));
+    bytes = n;
+  }
+  template <class T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+struct DevMatrix {
+  const void* data = nullptr;  // device, [rows, cols]
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+};
+
+struct DevLayer {
+  const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
+  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+  const float *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr;
+  DevMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+};
+
+class CudaDecoderImpl final : public CudaDecoder {
+ public:
+  explicit CudaDecoderImpl(const CudaDecoderDesc& d) : d_(d) {
+    VQ_CHECK_VALUE(d.device.is_cuda(), "CUDA forward: device must be a CUDA device, got " << device_name(d.device));
+    int n_dev = 0;
+    if (cudaGetDeviceCount(&n_dev) != cudaSuccess || n_dev == 0) {
+      cudaGetLastError();
+      VQ_THROW(CudaError, "CUDA forward: no CUDA device is visible");
+    }
+    VQ_CHECK_VALUE(d.device.index < n_dev,
+                   "CUDA forward: device cuda:" << d.device.index << " requested, " << n_dev << " visible");
+    VQ_CUDA_CHECK(cudaSetDevice(d.device.index));
+    VQ_CUBLAS(cublasCreate(&blas_));
+    VQ_CUBLAS(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));  // no TF32 with CUBLAS_COMPUTE_32F
+    VQ_CUBLAS(cublasSetStream(blas_, nullptr));
+    embed_ = upload_matrix(d.embed);
+    lm_head_ = upload_matrix(d.lm_head);
+    final_norm_ = upload_vec(d.final_norm);
+    for (const CudaDecoderLayerDesc& L : d.layers) {
+      DevLayer o;
+      o.input_norm = upload_vec(L.input_norm);
+      o.post_norm = upload_vec(L.post_norm);
+      o.q_norm = upload_vec(L.q_norm);
+      o.k_norm = upload_vec(L.k_norm);
+      o.bq = upload_vec(L.bq);
+      o.bk = upload_vec(L.bk);
+      o.bv = upload_vec(L.bv);
+      o.bo = upload_vec(L.bo);
+      o.b_gate = upload_vec(L.b_gate);
+      o.b_up = upload_vec(L.b_up);
+      o.b_down = upload_vec(L.b_down);
+      o.wq = upload_matrix(L.wq);
+      o.wk = upload_matrix(L.wk);
+      o.wv = upload_matrix(L.wv);
+      o.wo = upload_matrix(L.wo);
+      o.w_gate = upload_matrix(L.w_gate);
+      o.w_up = upload_matrix(L.w_up);
+      o.w_down = upload_matrix(L.w_down);
+      layers_.push_back(o);
+    }
+    VQ_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  ~CudaDecoderImpl() override {
+    if (blas_) cublasDestroy(blas_);
+  }
+
+  int64_t weight_bytes() const override { return weight_bytes_; }
+  int64_t rope_positions() const override { return rope_n_; }
+
+  void set_rope_table(const std::vector<float>& cos, const std::vector<float>& sin, int64_t n) override {
+    const int64_t half = d_.head_dim / 2;
+    VQ_CHECK_SHAPE(int64_t(cos.size()) == n * half && int64_t(sin.size()) == n * half,
+                   "set_rope_table: expected cos and sin [n_positions=" << n << ", head_dim/2=" << half << "], got "
+                                                                        << cos.size() << " and " << sin.size()
+                                                                        << " values");
+    VQ_CUDA_CHECK(cudaSetDevice(d_.device.index));
+    rope_cos_.alloc(cos.size() * 4);
+    rope_sin_.alloc(sin.size() * 4);
+    VQ_CUDA_CHECK(cudaMemcpy(rope_cos_.p, cos.data(), cos.size() * 4, cudaMemcpyHostToDevice));
+    VQ_CUDA_CHECK(cudaMemcpy(rope_sin_.p, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
+    rope_n_ = n;
+  }
+
+  std::vector<float> forward(const int32_t* tokens, int64_t T, int64_t start, const std::vector<KVCache*>& caches,
+                             const std::vector<bool>& fetch_path, const SdpaParams& sp, bool all_logits) override {
+    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim, I = d_.intermediate;
+    const int n_layers = int(layers_.size());
+    VQ_CHECK_VALUE(T > 0, "CUDA forward: no tokens");
+    VQ_CHECK_VALUE(int64_t(caches.size()) == n_layers && fetch_path.size() == caches.size(),
+                   "CUDA forward: expected " << n_layers << " caches (one per layer), got " << caches.size());
+    VQ_CHECK_VALUE(start + T <= rope_n_, "CUDA forward: positions up to " << start + T << " but the RoPE table holds "
+                                                                           << rope_n_);
+    for (int l = 0; l < n_layers; ++l) {
+      const Device cd = caches[size_t(l)]->config().device;
+      VQ_CHECK_VALUE(cd.is_cpu() || cd == d_.device, "CUDA forward: the cache of layer "
+                                                         << l << " lives on " << device_name(cd)
+                                                         << ", the model on " << device_name(d_.device));
+    }
+    VQ_CUDA_CHECK(cudaSetDevice(d_.device.index));
+    ensure_buffers(T);
+    float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
+    float *att = att_.as<float>(), *g = g_.as<float>(), *u = u_.as<float>();
+    VQ_CUDA_CHECK(cudaMemcpy(tok_.p, tokens, size_t(T) * 4, cudaMemcpyHostToDevice));
+    embed_kernel<<<unsigned(T), kThreads>>>(embed_.data, embed_.dtype, tok_.as<int32_t>(), H, x);
+    check_launch("embed");
+
+    const Device dev = d_.device;
+    auto heads_view = [&](float* p, int64_t heads, Device where) {
+      return TensorView(p, DType::F32, {1, heads, T, hd}, {T * heads * hd, hd, heads * hd, 1}, where);
+    };
+    const float eps = d_.rms_eps;
+    int layers_updated = 0;
+    try {
+      for (int l = 0; l < n_layers; ++l) {
+        const DevLayer& L = layers_[size_t(l)];
+        rmsnorm(x, T, H, L.input_norm, h);
+        gemm(h, T, L.wq, L.bq, q);
+        gemm(h, T, L.wk, L.bk, k);
+        gemm(h, T, L.wv, L.bv, v);
+        if (d_.qk_norm) {
+          rmsnorm(q, T * nh, hd, L.q_norm, q);
+          rmsnorm(k, T * nkv, hd, L.k_norm, k);
+        }
+        rope(q, T, int(nh), start);
+        rope(k, T, int(nkv), start);
+        (void)eps;
+
+        KVCache& cache = *caches[size_t(l)];
+        if (cache.config().device.is_cuda()) {
+          cache.update(heads_view(k, nkv, dev), heads_view(v, nkv, dev));
+          ++layers_updated;
+          cache.fused_sdpa_into(heads_view(q, nh, dev), heads_view(att, nh, dev), sp);
+        } else {
+          // CPU cache: the host does attention (as model.cpp) on copies of q/k/v.
+          hq_.resize(size_t(T * nh * hd));
+          hk_.resize(size_t(T * nkv * hd));
+          hv_.resize(size_t(T * nkv * hd));
+          ho_.resize(size_t(T * nh * hd));
+          VQ_CUDA_CHECK(cudaMemcpy(hq_.data(), q, hq_.size() * 4, cudaMemcpyDeviceToHost));
+          VQ_CUDA_CHECK(cudaMemcpy(hk_.data(), k, hk_.size() * 4, cudaMemcpyDeviceToHost));
+          VQ_CUDA_CHECK(cudaMemcpy(hv_.data(), v, hv_.size() * 4, cudaMemcpyDeviceToHost));
+          const Device cpu = Device::cpu();
+          const TensorView qv = heads_view(hq_.data(), nh, cpu), kv = heads_view(hk_.data(), nkv, cpu);
+          const TensorView vv = heads_view(hv_.data(), nkv, cpu), ov = heads_view(ho_.data(), nh, cpu);
+          if (!fetch_path[size_t(l)]) {
+            cache.update(kv, vv);
+            ++layers_updated;
+            cache.fused_sdpa_into(qv, ov, sp);
+          } else {
+            auto [K, V] = cache.update_and_fetch(kv, vv);
+            ++layers_updated;
+            attention_cpu(qv, K.view(), V.view(), ov, sp);
+          }
+          VQ_CUDA_CHECK(cudaMemcpy(att, ho_.data(), ho_.size() * 4, cudaMemcpyHostToDevice));
+        }
+        gemm(att, T, L.wo, L.bo, h);
+        add(x, h, T * H);
+        rmsnorm(x, T, H, L.post_norm, h);
+        gemm(h, T, L.w_gate, L.b_gate, g);
+        gemm(h, T, L.w_up, L.b_up, u);
+        silu_mul_kernel<<<blocks_for(T * I), kThreads>>>(g, u, g, T * I);
+        check_launch("silu_mul");
+        gemm(g, T, L.w_down, L.b_down, h);
+        add(x, h, T * H);
+      }
+    } catch (...) {
+      for (int l = 0; l < layers_updated; ++l) {
+        try {
+          caches[size_t(l)]->trim(T);
+        } catch (...) {
+        }
+      }
+      throw;
+    }
+    const int64_t rows = all_logits ? T : 1;
+    rmsnorm(x + (T - rows) * H, rows, H, final_norm_, h);
+    gemm(h, rows, lm_head_, nullptr, logits_.as<float>());
+    std::vector<float> out(size_t(rows * d_.vocab));
+    VQ_CUDA_CHECK(cudaMemcpy(out.data(), logits_.p, out.size() * 4, cudaMemcpyDeviceToHost));
+    return out;
+  }
+
+ private:
+  const float* upload_vec(const std::vector<float>& v) {
+    if (v.empty()) return nullptr;
+    auto& b = owned_.emplace_back(std::make_unique<DevBuf>());
+    b->alloc(v.size() * 4);
+    VQ_CUDA_CHECK(cudaMemcpy(b->p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    weight_bytes_ += int64_t(v.size() * 4);
+    return b->as<float>();
+  }
+
+  DevMatrix upload_matrix(const HostMatrix& m) {
+    VQ_CHECK_VALUE(m.data != nullptr && m.rows > 0 && m.cols > 0, "CUDA forward: empty weight matrix");
+    (void)cuda_type(m.dtype);
+    auto it = uploaded_.find(m.data);
+    if (it != uploaded_.end()) return it->second;  // tied embeddings: one copy
+    DevMatrix o;
+    o.rows = m.rows;
+    o.cols = m.cols;
+    const int64_t n = m.rows * m.cols;
+    auto& b = owned_.emplace_back(std::make_unique<DevBuf>());
+    if (d_.weights_f32 && m.dtype != DType::F32) {
+      std::vector<float> f(static_cast<size_t>(n));
+      const uint16_t* s = static_cast<const uint16_t*>(m.data);
+      for (int64_t i = 0; i < n; ++i) f[size_t(i)] = m.dtype == DType::F16 ? half_to_float(s[i]) : bf16_to_float(s[i]);
+      b->alloc(size_t(n) * 4);
+      VQ_CUDA_CHECK(cudaMemcpy(b->p, f.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      o.dtype = DType::F32;
+    } else {
+      const size_t bytes = size_t(n) * dtype_size(m.dtype);
+      b->alloc(bytes);
+      VQ_CUDA_CHECK(cudaMemcpy(b->p, m.data, bytes, cudaMemcpyHostToDevice));
+      o.dtype = m.dtype;
+    }
+    o.data = b->p;
+    weight_bytes_ += int64_t(b->bytes);
+    uploaded_[m.data] = o;
+    return o;
+  }
+
+  void ensure_buffers(int64_t T) {
+    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim, I = d_.intermediate;
+    if (T <= cap_) return;
+    const int64_t c = std::max<int64_t>(T, 16);
+    x_.alloc(size_t(c * H) * 4);
+    h_.alloc(size_t(c * H) * 4);
+    q_.alloc(size_t(c * nh * hd) * 4);
+    att_.alloc(size_t(c * nh * hd) * 4);
+    k_.alloc(size_t(c * nkv * hd) * 4);
+    v_.alloc(size_t(c * nkv * hd) * 4);
+    g_.alloc(size_t(c * I) * 4);
+    u_.alloc(size_t(c * I) * 4);
+    lowp_.alloc(size_t(c * std::max({H, I, nh * hd})) * 2);
+    logits_.alloc(size_t(c * d_.vocab) * 4);
+    tok_.alloc(size_t(c) * 4);
+    cap_ = c;
+  }
+
+  void rmsnorm(const float* x, int64_t rows, int64_t dim, const float* w, float* y) {
+    const int threads = dim >= 256 ? 256 : (dim >= 128 ? 128 : (dim >= 64 ? 64 : 32));
+    rmsnorm_kernel<<<unsigned(rows), threads>>>(x, w, y, int(dim), d_.rms_eps);
+    check_launch("rmsnorm");
+  }
+
+  void rope(float* x, int64_t T, int heads, int64_t start) {
+    const int64_t n = T * heads * (d_.head_dim / 2);
+    rope_kernel<<<blocks_for(n), kThreads>>>(x, T, heads, d_.head_dim, rope_cos_.as<float>(), rope_sin_.as<float>(),
+                                             start);
+    check_launch("rope");
+  }
+
+  void add(float* x, const float* y, int64_t n) {
+    add_kernel<<<blocks_for(n), kThreads>>>(x, y, n);
+    check_launch("add");
+  }
+
+  /// y [n, w.rows] = x [n, w.cols] · wᵀ (+ bias). Column-major view: y(w.rows × n) =
+  /// W(cols × rows)ᵀ · x(cols × n), so both operands are read as stored.
+  void gemm(const float* x, int64_t n, const DevMatrix& w, const float* bias, float* y) {
+    const void* b = x;
+    if (w.dtype != DType::F32) {
+      round_kernel<<<blocks_for(n * w.cols), kThreads>>>(x, lowp_.p, w.dtype, n * w.cols);
+      check_launch("round");
+      b = lowp_.p;
+    }
+    const float one = 1.0f, zero = 0.0f;
+    const cudaDataType_t t = cuda_type(w.dtype);
+    VQ_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(n), int(w.cols), &one, w.data, t,
+                           int(w.cols), b, t, int(w.cols), &zero, y, CUDA_R_32F, int(w.rows), CUBLAS_COMPUTE_32F,
+                           CUBLAS_GEMM_DEFAULT));
+    if (bias) {
+      add_bias_kernel<<<blocks_for(n * w.rows), kThreads>>>(y, bias, n * w.rows, w.rows);
+      check_launch("add_bias");
+    }
+  }
+
+  CudaDecoderDesc d_;
+  cublasHandle_t blas_ = nullptr;
+  std::vector<std::unique_ptr<DevBuf>> owned_;
+  std::map<const void*, DevMatrix> uploaded_;
+  int64_t weight_bytes_ = 0;
+  DevMatrix embed_, lm_head_;
+  const float* final_norm_ = nullptr;
+  std::vector<DevLayer> layers_;
+  DevBuf rope_cos_, rope_sin_;
+  int64_t rope_n_ = 0;
+  DevBuf x_, h_, q_, k_, v_, att_, g_, u_, lowp_, logits_, tok_;
+  int64_t cap_ = 0;
+  std::vector<float> hq_, hk_, hv_, ho_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc) {
+  return std::make_unique<CudaDecoderImpl>(desc);
+}
+
+}  // namespace veloxquant::detail

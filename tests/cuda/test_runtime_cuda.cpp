@@ -1,0 +1,315 @@
+// The runtime's CUDA forward pass (runtime/model_cuda.h) against its CPU forward pass
+// (runtime/model.h), which tests/runtime checks against Hugging Face transformers.
+//
+// Procedure (HF's): the prompt in one forward call with all logits, then one token per call
+// (teacher-forced with the recorded tokens), so prefill and decode steps are both compared.
+//
+// Tolerance tiers (bounded; max over rows of max|Δlogit| / max|logit| of the row, as the CPU
+// reference test measures):
+//   kMaxRelF32 = 1e-4     f32 weights on the device, CPU caches on both sides: the same f32
+//                         maths in a different summation order (cuBLAS, CUBLAS_COMPUTE_32F, no
+//                         TF32). f32 rounding over sums of ≤ 384 terms through 2 layers stays
+//                         near 1e-6; 1e-4 leaves two orders for accumulation-order noise and
+//                         still catches any wrong op (a wrong RoPE angle, a missing bias or
+//                         norm moves logits by > 1e-2).
+//   kMaxRelVsHfFp16 = 2e-3  against the committed transformers logits, with the fp16 cache:
+//                         the bound tests/runtime uses for the CPU path with the same cache.
+//   kMaxRelHalf(dtype)    weights kept in bf16/f16: activations are rounded to the weights'
+//                         dtype before each product (what a half-precision framework does), so
+//                         the gap to the CPU (which multiplies f32 activations) is bounded by
+//                         32 units of that dtype's rounding (bf16 2^-9, f16 2^-12).
+//   kMaxRelDeviceCache = 1e-2  device-resident caches (D's kernels: fp16 tensor-core
+//                         products inside attention) against the CPU caches; D's attention
+//                         test bounds NMSE by 2e-4 (≈1.4e-2 relative RMS); logits see less.
+// Greedy tokens must be identical wherever the CPU's top-2 gap exceeds twice the measured
+// logit error (elsewhere the two are a tie at this precision; counted and printed).
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <random>
+
+#include <gtest/gtest.h>
+
+#include "runtime/runtime_test_util.h"
+#include "runtime/tiny_checkpoint.h"
+#include "veloxquant/cuda_cache.h"
+#include "veloxquant/error.h"
+#include "veloxquant/runtime/model.h"
+#include "veloxquant/runtime/model_cuda.h"
+
+using namespace veloxquant;
+using namespace veloxquant::runtime;
+using vqtest::compare_rows;
+using vqtest::ErrStats;
+
+#define VQ_SKIP_WITHOUT_GPU()                                                                                   \
+  do {                                                                                                          \
+    if (!veloxquant::cuda_is_available())                                                                       \
+      GTEST_SKIP() << "no CUDA device present: the CUDA forward pass is built but cannot run here (label cuda)"; \
+  } while (0)
+
+namespace {
+
+constexpr double kMaxRelF32 = 1e-4;
+constexpr double kMaxRelVsHfFp16 = 2e-3;
+constexpr double kMaxRelDeviceCache = 1e-2;
+double max_rel_half(DType t) { return t == DType::BF16 ? 32.0 / 512.0 : 32.0 / 4096.0; }
+
+std::unique_ptr<Model> load_model(const std::filesystem::path& dir) {
+  ModelOptions o;
+  o.n_threads = 2;
+  return Model::load(dir, o);
+}
+
+template <class M>
+std::vector<float> incremental(const M& m, LayerCaches& caches, const std::vector<int32_t>& tokens, int64_t n_prompt,
+                               AttentionPath path = AttentionPath::Auto) {
+  ForwardOptions fo;
+  fo.all_logits = true;
+  fo.path = path;
+  std::vector<float> all = m.forward(std::span<const int32_t>(tokens.data(), size_t(n_prompt)), caches, fo);
+  for (size_t t = size_t(n_prompt); t < tokens.size(); ++t) {
+    const auto l = m.forward(std::span<const int32_t>(&tokens[t], 1), caches, fo);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
+
+bool all_finite(const std::vector<float>& x) {
+  for (float v : x)
+    if (!std::isfinite(v)) return false;
+  return true;
+}
+
+// Greedy tokens of `got` equal those of `want` wherever want's top-2 gap exceeds 2·max_abs;
+// returns how many rows were skipped as ties.
+int expect_same_greedy(const std::vector<float>& got, const std::vector<float>& want, int64_t vocab, int64_t rows,
+                       double max_abs, const std::string& what) {
+  int ties = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int32_t a = vqtest::argmax_row(want, vocab, r);
+    float second = -INFINITY;
+    for (int64_t v = 0; v < vocab; ++v)
+      if (v != a) second = std::max(second, want[size_t(r * vocab + v)]);
+    if (double(want[size_t(r * vocab + a)]) - second <= 2.0 * max_abs) {
+      ++ties;
+      continue;
+    }
+    EXPECT_EQ(vqtest::argmax_row(got, vocab, r), a) << what << ": greedy token of row " << r;
+  }
+  return ties;
+}
+
+CacheOptions fp16_options() {
+  CacheOptions o;
+  o.kind = CacheKind::FP16;
+  o.storage_dtype = DType::F16;
+  o.n_threads = 2;
+  return o;
+}
+
+}  // namespace
+
+// ---- the committed tiny checkpoints (head_dim 8..32: CPU caches on both sides) ---------------
+
+class CudaRuntimeCommitted : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CudaRuntimeCommitted, LogitsMatchTheCpuForwardAndTransformers) {
+  VQ_SKIP_WITHOUT_GPU();
+  const std::string name = GetParam();
+  const auto model = load_model(vqtest::tiny_dir(name));
+  const auto ref = vqtest::load_reference(name);
+  const int64_t V = model->config().vocab_size, n = int64_t(ref.tokens.size());
+  ASSERT_GT(n, ref.n_prompt);
+
+  LayerCaches cpu_caches = make_caches(*model, fp16_options());
+  const std::vector<float> cpu = incremental(*model, cpu_caches, ref.tokens, ref.n_prompt);
+
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  for (AttentionPath path : {AttentionPath::Fused, AttentionPath::Fetch}) {
+    LayerCaches gc = make_caches(*model, fp16_options());
+    const std::vector<float> gpu = incremental(*gm, gc, ref.tokens, ref.n_prompt, path);
+    ASSERT_EQ(gpu.size(), cpu.size());
+    const ErrStats e = compare_rows(gpu, cpu, V, n);
+    const ErrStats h = compare_rows(gpu, ref.logits, V, n);
+    std::printf("[cuda forward] %s f32 weights, %s: vs CPU max_rel %.2e (max_abs %.2e), vs transformers %.2e; "
+                "%lld prompt + %lld decode rows\n",
+                name.c_str(), attention_path_name(path), e.max_rel, e.max_abs, h.max_rel, (long long)ref.n_prompt,
+                (long long)(n - ref.n_prompt));
+    EXPECT_LE(e.max_rel, kMaxRelF32) << name;
+    EXPECT_LE(h.max_rel, kMaxRelVsHfFp16) << name;
+    EXPECT_EQ(expect_same_greedy(gpu, cpu, V, n, e.max_abs, name), 0) << "no ties expected at f32 precision";
+    EXPECT_EQ(gc[0]->offset(), n);
+  }
+
+  // Weights kept in their checkpoint dtype (bf16 llama/mistral, f16 qwen3; qwen2 is f32).
+  const DType wt = model->weights().tensor("model.layers.0.mlp.up_proj.weight").dtype;
+  if (wt != DType::F32) {
+    const auto hm = CudaModel::create(*model, CudaModelOptions{});
+    LayerCaches gc = make_caches(*model, fp16_options());
+    const std::vector<float> gpu = incremental(*hm, gc, ref.tokens, ref.n_prompt);
+    const ErrStats e = compare_rows(gpu, cpu, V, n);
+    const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, name + " native weights");
+    std::printf("[cuda forward] %s %s weights (activations rounded to them): vs CPU max_rel %.2e (bound %.2e), "
+                "%d near-tie rows of %lld\n",
+                name.c_str(), dtype_name(wt), e.max_rel, max_rel_half(wt), ties, (long long)n);
+    EXPECT_LE(e.max_rel, max_rel_half(wt)) << name;
+    EXPECT_TRUE(all_finite(gpu));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaRuntimeCommitted,
+                         ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"));
+
+// ---- generated checkpoints with head_dim 64: the device-resident caches --------------------
+
+namespace {
+
+vqtest::TinySpec spec_hd64(const std::string& arch) {
+  vqtest::TinySpec s;
+  s.n_layers = 2;
+  s.n_heads = 4;
+  s.dtype = "float32";
+  if (arch == "llama") {  // GQA 2, hidden = n_heads · head_dim
+    s.name = "cuda-llama-hd64";
+    s.architecture = "LlamaForCausalLM";
+    s.model_type = "llama";
+    s.hidden = 256, s.intermediate = 384, s.n_kv_heads = 2;
+    s.seed = 101;
+  } else if (arch == "qwen2") {  // q/k/v biases, GQA 4, tied
+    s.name = "cuda-qwen2-hd64";
+    s.architecture = "Qwen2ForCausalLM";
+    s.model_type = "qwen2";
+    s.hidden = 256, s.intermediate = 256, s.n_kv_heads = 1;
+    s.qkv_bias = true;
+    s.tied = true;
+    s.rope_theta = 1000000.0;
+    s.seed = 102;
+  } else {  // qwen3: q/k RMSNorm, explicit head_dim (n_heads · head_dim ≠ hidden)
+    s.name = "cuda-qwen3-hd64";
+    s.architecture = "Qwen3ForCausalLM";
+    s.model_type = "qwen3";
+    s.hidden = 128, s.intermediate = 192, s.n_kv_heads = 2, s.head_dim = 64;
+    s.qk_norm = true;
+    s.tied = true;
+    s.rope_theta = 1000000.0;
+    s.seed = 103;
+  }
+  return s;
+}
+
+std::filesystem::path write_hd64(const std::string& arch) {
+  const vqtest::TinySpec s = spec_hd64(arch);
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("vq_" + s.name);
+  vqtest::write_tiny_checkpoint(s, dir);
+  return dir;
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_int_distribution<int> d(0, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+}  // namespace
+
+class CudaRuntimeDeviceCache : public ::testing::TestWithParam<std::string> {};
+
+// Prefill of 40 tokens in one call (more than the 16 query rows D's kernels take per launch:
+// the cache runs them in chunks), then 8 decode steps.
+TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64(GetParam()));
+  ASSERT_EQ(model->config().head_dim, 64);
+  const uint64_t seed = 7000 + std::hash<std::string>{}(GetParam()) % 1000;
+  const int64_t n_prompt = 40, n = 48, V = model->config().vocab_size;
+  const auto tokens = random_tokens(n, int(V), seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+
+  LayerCaches cpu_caches = make_caches(*model, fp16_options());
+  const std::vector<float> cpu = incremental(*model, cpu_caches, tokens, n_prompt);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  LayerCaches dev = gm->make_caches(fp16_options());
+  ASSERT_TRUE(dev[0]->config().device.is_cuda());
+  const std::vector<float> gpu = incremental(*gm, dev, tokens, n_prompt);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  const ErrStats e = compare_rows(gpu, cpu, V, n);
+  const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, GetParam());
+  std::printf("[cuda forward] %s hd64, device fp16 cache: vs CPU fp16 cache max_rel %.2e (max_abs %.2e), "
+              "%d near-tie rows of %lld\n",
+              GetParam().c_str(), e.max_rel, e.max_abs, ties, (long long)n);
+  EXPECT_LE(e.max_rel, kMaxRelDeviceCache);
+  EXPECT_TRUE(all_finite(gpu));
+  EXPECT_EQ(dev[0]->offset(), n);
+  EXPECT_LE(ties, 2);
+}
+
+// VecInfer memory-bound caches (random codebooks, same seeds on both sides, a residual window of
+// 16 tokens so that most of the 48 tokens are read from codes) on the device vs on the CPU.
+TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64(GetParam()));
+  const int64_t n_prompt = 40, n = 48, V = model->config().vocab_size;
+  const uint64_t seed = 8000 + std::hash<std::string>{}(GetParam()) % 1000;
+  const auto tokens = random_tokens(n, int(V), seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  CacheOptions o;
+  o.kind = CacheKind::VecInfer;
+  o.mode = CacheMode::MemoryBound;
+  o.residual_length = 16;
+  o.seed = 5;
+  o.n_threads = 2;
+
+  LayerCaches cpu_caches = make_caches(*model, o);
+  const std::vector<float> cpu = incremental(*model, cpu_caches, tokens, n_prompt);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  LayerCaches dev = gm->make_caches(o);
+  ASSERT_TRUE(dev[0]->config().device.is_cuda());
+  const std::vector<float> gpu = incremental(*gm, dev, tokens, n_prompt);
+  ASSERT_EQ(gpu.size(), cpu.size());
+  ASSERT_TRUE(all_finite(gpu));
+  const ErrStats e = compare_rows(gpu, cpu, V, n);
+  // The same cache without quantization, for scale: how far VQ with random codebooks moves them.
+  LayerCaches ref_caches = make_caches(*model, fp16_options());
+  const std::vector<float> exact = incremental(*model, ref_caches, tokens, n_prompt);
+  const ErrStats q = compare_rows(cpu, exact, V, n);
+  std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, window 16): vs CPU VecInfer max_rel %.2e "
+              "(max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",
+              GetParam().c_str(), e.max_rel, e.max_abs, q.max_rel);
+  EXPECT_LE(e.max_rel, kMaxRelDeviceCache);
+  EXPECT_EQ(dev[0]->offset(), n);
+}
+
+INSTANTIATE_TEST_SUITE_P(Hd64, CudaRuntimeDeviceCache, ::testing::Values("llama", "qwen2", "qwen3"));
+
+// ---- errors ------------------------------------------------------------------------------
+
+TEST(CudaRuntime, BadInputsThrowAndLeaveTheCachesUnchanged) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64("llama"));
+  const auto gm = CudaModel::create(*model, CudaModelOptions{});
+  LayerCaches dev = gm->make_caches(fp16_options());
+  const std::vector<int32_t> ok{1, 2, 3};
+  gm->forward(ok, dev);
+  ASSERT_EQ(dev[0]->offset(), 3);
+  const std::vector<int32_t> bad{4, model->config().vocab_size};
+  EXPECT_THROW(gm->forward(bad, dev), ValueError);
+  EXPECT_THROW(gm->forward(std::span<const int32_t>(), dev), ValueError);
+  LayerCaches too_few;
+  too_few.push_back(std::move(dev[0]));
+  EXPECT_THROW(gm->forward(ok, too_few), ValueError);
+  EXPECT_EQ(too_few[0]->offset(), 3);
+  ForwardOptions fo;
+  fo.observer = [](int, const float*, const float*, int64_t) {};
+  LayerCaches fresh = gm->make_caches(fp16_options());
+  EXPECT_THROW(gm->forward(ok, fresh, fo), ValueError);
+  EXPECT_EQ(fresh[0]->offset(), 0);
+}
