@@ -254,9 +254,13 @@ ModelConfig parse_model_config(const std::string& json_text) {
       c.attention_bias = true;
       c.attention_o_bias = false;
       break;
-    case Arch::Llama:
     case Arch::Mistral:
+      // Mistral's projections never carry biases (the reference ignores attention_bias).
+      c.attention_bias = c.attention_o_bias = false;
+      break;
+    case Arch::Llama:
     case Arch::Qwen3:
+      // Llama and Qwen3 put attention_bias on all four projections.
       c.attention_bias = get_optional<bool>(j, "attention_bias", what).value_or(false);
       c.attention_o_bias = c.attention_bias;
       break;
