@@ -402,26 +402,52 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
   };
 
-  // Online softmax over a 32-token tile, then O += P·V̂ with V̂ words from vwords(kt, q, i, w).
+  // Online softmax over a warp tile, then O += P·V̂ with V̂ words from vwords(kt, i, w).
+  // Lazy rescaling: the exponentials use the running row max m as long as no score exceeds it
+  // by more than kLazy (log2 units), so P <= 2^kLazy stays well inside fp16 and fp32 sums;
+  // only then (always on a row's first visible tile) is the exact row max reduced across the
+  // lanes and O, l rescaled. The common path has no shuffle chain.
   auto softmax_pv = [&](float (&s)[KT][NT][4], auto&& vwords) {
-    float sc[NT][2];
-    bool rescale = false;
+    constexpr float kLazy = 8.0f;
+    bool need = false;
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float mx = fmaxf(s[0][n][r], s[0][n][2 + r]);
+        float lm = fmaxf(s[0][n][r], s[0][n][2 + r]);
 #pragma unroll
-        for (int kt = 1; kt < KT; ++kt) mx = fmaxf(mx, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mnew = fmaxf(m[n][r], mx);
-        const float muse = mnew == -INFINITY ? 0.0f : mnew;
-        sc[n][r] = ex2(m[n][r] - muse);
-        rescale |= sc[n][r] != 1.0f;
-        m[n][r] = mnew;
-        l[n][r] *= sc[n][r];
+        for (int kt = 1; kt < KT; ++kt) lm = fmaxf(lm, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
+        need |= lm > m[n][r] + kLazy;
+      }
+    if (__any_sync(0xffffffffu, need)) {
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float sc[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          float mx = fmaxf(s[0][n][r], s[0][n][2 + r]);
+#pragma unroll
+          for (int kt = 1; kt < KT; ++kt) mx = fmaxf(mx, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+          const float mnew = fmaxf(m[n][r], mx);
+          sc[r] = mnew == -INFINITY ? 1.0f : ex2(m[n][r] - mnew);
+          m[n][r] = mnew;
+          l[n][r] *= sc[r];
+        }
+#pragma unroll
+        for (int mt = 0; mt < T::kMT; ++mt) {
+          o[mt][n][0] *= sc[0], o[mt][n][1] *= sc[1];
+          o[mt][n][2] *= sc[0], o[mt][n][3] *= sc[1];
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const float muse = m[n][r] == -INFINITY ? 0.0f : m[n][r];
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
           s[kt][n][r] = ex2(s[kt][n][r] - muse);
@@ -429,15 +455,6 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           l[n][r] += s[kt][n][r] + s[kt][n][2 + r];
         }
       }
-    if (__any_sync(0xffffffffu, rescale)) {
-#pragma unroll
-      for (int mt = 0; mt < T::kMT; ++mt)
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          o[mt][n][0] *= sc[n][0], o[mt][n][1] *= sc[n][1];
-          o[mt][n][2] *= sc[n][0], o[mt][n][3] *= sc[n][1];
-        }
-    }
     const int src0 = 4 * t + (g >> 1), src1 = src0 + 16;
     const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
 #pragma unroll
