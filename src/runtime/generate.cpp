@@ -65,12 +65,15 @@ GenerateResult generate(const Model& model, LayerCaches& caches, std::span<const
   st.prompt_tokens = n - cached;
   ForwardOptions fo;
   fo.path = params.path;
+  auto forward = [&](std::span<const int32_t> t) {
+    return params.forward ? params.forward(t, caches, fo) : model.forward(t, caches, fo);
+  };
 
   const auto t_prefill = Clock::now();
   std::vector<float> logits;
   for (int64_t i = cached; i < n; i += params.prefill_chunk) {
     const int64_t len = std::min<int64_t>(params.prefill_chunk, n - i);
-    logits = model.forward(prompt.subspan(size_t(i), size_t(len)), caches, fo);
+    logits = forward(prompt.subspan(size_t(i), size_t(len)));
   }
   st.prefill_seconds = seconds_since(t_prefill);
 
@@ -126,7 +129,7 @@ GenerateResult generate(const Model& model, LayerCaches& caches, std::span<const
     }
     if (step + 1 == params.max_tokens) break;  // no forward for a token nobody will sample after
     const int32_t one[1] = {id};
-    logits = model.forward(std::span<const int32_t>(one, 1), caches, fo);
+    logits = forward(std::span<const int32_t>(one, 1));
     ++st.decode_steps;
   }
   st.decode_seconds = seconds_since(t_decode);

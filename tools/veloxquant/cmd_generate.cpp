@@ -9,6 +9,7 @@
 #include "runtime_options.h"
 #include "subcommand.h"
 #include "veloxquant/runtime/generate.h"
+#include "veloxquant/runtime/model_cuda.h"
 #include "veloxquant/runtime/prompt_cache.h"
 #include "veloxquant/runtime/tokenizer.h"
 
@@ -38,7 +39,14 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   using namespace veloxquant;
   using namespace veloxquant::runtime;
-  const auto model = load_model(a.model);
+  ModelArgs host_args = a.model;
+  host_args.device = "cpu";  // weights are read on the host; --device cuda uploads them once below
+  const auto model = load_model(host_args);
+  std::unique_ptr<CudaModel> cuda_model;
+  if (a.model.device == "cuda") cuda_model = CudaModel::create(*model);
+  auto forward = [&](std::span<const int32_t> t, LayerCaches& c, const ForwardOptions& o) {
+    return cuda_model ? cuda_model->forward(t, c, o) : model->forward(t, c, o);
+  };
   const Tokenizer tok = Tokenizer::from_file(std::filesystem::path(a.model.model_dir) / "tokenizer.json");
 
   std::string text = a.prompt;
@@ -62,7 +70,17 @@ int run_generate(const GenerateArgs& a) {
       std::fprintf(stderr, "prompt cache: %zu tokens loaded from %s (%s)\n", pc.tokens.size(), a.prompt_cache.c_str(),
                    caches[0]->class_name().c_str());
   } else {
-    caches = make_caches(*model, cache_options(a.cache, a.model.threads));
+    const CacheOptions co = cache_options(a.cache, a.model.threads);
+    if (cuda_model) {
+      try {
+        caches = cuda_model->make_caches(co);
+      } catch (const UnsupportedError& e) {  // e.g. a head_dim the device kernels do not compile
+        if (!a.quiet) std::fprintf(stderr, "cache: %s; attention runs on the host\n", e.what());
+        caches = make_caches(*model, co);
+      }
+    } else {
+      caches = make_caches(*model, co);
+    }
   }
   VQ_CHECK_VALUE(!prompt.empty(), "the prompt encodes to no tokens");
 
@@ -74,7 +92,7 @@ int run_generate(const GenerateArgs& a) {
     const int64_t done = caches[0]->offset();
     for (int64_t i = done; i < int64_t(prompt.size()); i += a.prefill_chunk) {
       const int64_t len = std::min<int64_t>(a.prefill_chunk, int64_t(prompt.size()) - i);
-      model->forward(std::span<const int32_t>(prompt.data() + i, size_t(len)), caches);
+      forward(std::span<const int32_t>(prompt.data() + i, size_t(len)), caches, ForwardOptions{});
     }
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     save_prompt_cache(save_path, caches, prompt, {{"model", a.model.model_dir}});
@@ -87,6 +105,7 @@ int run_generate(const GenerateArgs& a) {
   GenerateParams gp;
   gp.max_tokens = a.max_tokens;
   gp.prefill_chunk = a.prefill_chunk;
+  if (cuda_model) gp.forward = forward;
   const GenerationConfig& gc = model->generation_config();
   const bool sample_default = gc.do_sample.value_or(false);
   gp.sampler.temperature = a.temperature >= 0 ? a.temperature
@@ -107,8 +126,9 @@ int run_generate(const GenerateArgs& a) {
   }
 
   if (!a.quiet) {
-    std::fprintf(stderr, "model: %s (%s, %s weights)\n", model->config().describe().c_str(), a.model.model_dir.c_str(),
-                 model->weights().dominant_dtype().c_str());
+    std::fprintf(stderr, "model: %s (%s, %s weights, on %s)\n", model->config().describe().c_str(),
+                 a.model.model_dir.c_str(), model->weights().dominant_dtype().c_str(),
+                 cuda_model ? device_name(cuda_model->device()).c_str() : "the cpu");
     std::fprintf(stderr, "cache: %s\n", caches[0]->describe().c_str());
     std::fprintf(stderr, "prompt: %zu tokens\n", prompt.size());
   }

@@ -24,6 +24,9 @@ struct GenerateParams {
   std::vector<std::string> stop_strings;  ///< end when the generated text contains one (needs a tokenizer)
   int prefill_chunk = 512;                ///< prompt tokens per forward call
   AttentionPath path = AttentionPath::Auto;
+  /// The forward pass to run; empty: model.forward. Another implementation of the same contract
+  /// (e.g. CudaModel::forward, model_cuda.h) generates on a device.
+  std::function<std::vector<float>(std::span<const int32_t>, LayerCaches&, const ForwardOptions&)> forward;
 };
 
 struct GenerateStats {
