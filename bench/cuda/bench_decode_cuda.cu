@@ -292,7 +292,7 @@ int main(int argc, char** argv) {
   // One measurement: buffers for (spec, B, L), the launch validated on two segments, then timed.
   // launch(p) runs the kernel; bps is its occupancy (for the split planner).
   auto measure = [&](const std::string& name, const Spec& s, int B, int L, bool fp, int bps,
-                     const std::function<void(const cuda::AttnParams&)>& launch) -> Row {
+                     const std::function<void(const cuda::AttnParams&)>& launch, int splits = 0) -> Row {
     std::vector<uint16_t> kbits, vbits;
     std::mt19937_64 crng(s.kb * 131 + s.vb);
     const std::vector<float> kcb = fp16_codebook(1 << s.kb, s.ks, crng, kbits);
@@ -326,7 +326,7 @@ int main(int argc, char** argv) {
     std::vector<int32_t> lens(size_t(B), L), rcs(size_t(B), fp ? 0 : kR);
     CK(cudaMemcpy(bf.len, lens.data(), B * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bf.rc, rcs.data(), B * 4, cudaMemcpyHostToDevice));
-    const int S = cuda::plan_splits(int(nbh), L, sms, bps);
+    const int S = splits > 0 ? splits : cuda::plan_splits(int(nbh), L, sms, bps);
     CK(cudaMalloc(&bf.ws_o, size_t(nbh) * S * 8 * kD * 4));
     CK(cudaMalloc(&bf.ws_ml, size_t(nbh) * S * 8 * 2 * 4));
     CK(cudaMalloc(&bf.counters, size_t(nbh) * 4));
@@ -417,6 +417,18 @@ int main(int argc, char** argv) {
         rows.push_back(measure(fp ? "ours-fp16" : s.str(), s, B, L, fp == 1, bps,
                                [&](const cuda::AttnParams& p) { cuda::attn_launch(key, p, nullptr); }));
     }
+
+  // ---- split-count sweep (d4b8/d4b8, batch 1): the planner's choice against its neighbours ----
+  std::vector<Row> split_rows;
+  if (selected("splits")) {
+    const Spec s{4, 8, 4, 8};
+    const cuda::AttnConfigKey key{kD, 4, 8, 4, 8, 1};
+    if (cuda::attn_config_compiled(key))
+      for (int S : {8, 12, 16, 24, 32})
+        split_rows.push_back(measure("d4b8/d4b8 splits=" + std::to_string(S), s, 1, 131072, false,
+                                     cuda::attn_blocks_per_sm(key, dev),
+                                     [&](const cuda::AttnParams& p) { cuda::attn_launch(key, p, nullptr); }, S));
+  }
 
   // ---- tuning variants of the two headline configurations -------------------------------------
   std::vector<Row> var_rows;
