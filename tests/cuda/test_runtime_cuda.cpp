@@ -247,7 +247,6 @@ TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
   EXPECT_LE(e.max_rel, kMaxRelDeviceCache);
   EXPECT_TRUE(all_finite(gpu));
   EXPECT_EQ(dev[0]->offset(), n);
-  EXPECT_LE(ties, 2);
 }
 
 // VecInfer memory-bound caches (random codebooks, same seeds on both sides, a residual window of
