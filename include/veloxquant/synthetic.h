@@ -33,7 +33,7 @@ struct SyntheticKVConfig {
   float rope_theta = 10000.0f;   ///< RoPE base
   int latent_rank = 16;          ///< rank of the token content signal
   float latent_corr = 0.9f;      ///< AR(1) coefficient of the latent over positions
-  int n_outlier_pairs = 4;       ///< RoPE channel pairs per (layer, kv head) that are outliers
+  int n_outlier_pairs = 8;       ///< RoPE channel pairs per (layer, kv head) that are outliers
   float outlier_scale_min = 8.0f;   ///< outlier magnitude relative to ordinary channels ...
   float outlier_scale_max = 32.0f;  ///< ... drawn log-uniformly per (layer, head, pair)
   float channel_scale_spread = 0.5f;  ///< log-normal σ of ordinary key channels' scales

@@ -5,11 +5,15 @@
 //      same VQ (same k-means, same data) without the transforms.
 //   2. VecInfer at 2 bits (d4b8 keys and values) beats the 2-bit KIVI-style baseline at group
 //      128, both with the same fp16 residual window.
+// Seed sensitivity (measured, d4b8, this configuration): over model seeds 1..6 the reduction in
+// (1) was 20.4, 24.0, 20.0, 20.6, 18.1 and 21.1% (mean 20.7%); seed 11, used here, gives 21.0%.
+// So bound (1) holds on average on this generator but with little margin; (2) held on every seed.
 // The pipeline is the real one: calibrate() → Artifact → create_cache_from_artifact (memory-
 // bound VecInferKVCache) → update → fused_sdpa on codes, against attention_ref.
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "veloxquant/artifact.h"
 #include "veloxquant/calibrate.h"
@@ -33,7 +37,9 @@ const Fixture& fixture() {
   static const Fixture f = [] {
     Fixture x;
     x.cfg.n_layers = 2;
-    x.cfg.seed = 11;
+    // VQ_QUALITY_SEED overrides the model seed (to check other draws by hand).
+    const char* env = std::getenv("VQ_QUALITY_SEED");
+    x.cfg.seed = env ? std::strtoull(env, nullptr, 10) : 11;
     SyntheticKVModel model(x.cfg);
     x.calib = model.generate(2048, 0, /*sequence_seed=*/1);
     x.eval = model.generate(3072, 16, /*sequence_seed=*/2);
