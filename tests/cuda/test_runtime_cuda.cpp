@@ -21,6 +21,13 @@
 //   kMaxRelDeviceCache = 1e-2  device-resident caches (D's kernels: fp16 tensor-core
 //                         products inside attention) against the CPU caches; D's attention
 //                         test bounds NMSE by 2e-4 (≈1.4e-2 relative RMS); logits see less.
+//   VecInfer on the device vs on the CPU (statistical tier): both hold the same codes up to
+//                         near-ties of the encoder, and the device reads fp16 copies of the
+//                         codebooks; with random codebooks quantization itself moves logits by
+//                         60-140% of the row scale, so the two may differ by at most 5% of that
+//                         (kVecInferShareOfVqError) and by at most kMaxRelVecInferDevice = 5e-2.
+//                         Measured on an H200: 1.3e-3 .. 2.5e-2 (0.1-1.8% of the VQ effect;
+//                         the largest with Qwen3's q/k norms).
 // Greedy tokens must be identical wherever the CPU's top-2 gap exceeds twice the measured
 // logit error (elsewhere the two are a tie at this precision; counted and printed).
 #include <cmath>
@@ -53,6 +60,8 @@ namespace {
 constexpr double kMaxRelF32 = 1e-4;
 constexpr double kMaxRelVsHfFp16 = 2e-3;
 constexpr double kMaxRelDeviceCache = 1e-2;
+constexpr double kMaxRelVecInferDevice = 5e-2;
+constexpr double kVecInferShareOfVqError = 0.05;
 double max_rel_half(DType t) { return t == DType::BF16 ? 32.0 / 512.0 : 32.0 / 4096.0; }
 
 std::unique_ptr<Model> load_model(const std::filesystem::path& dir) {
@@ -140,7 +149,10 @@ TEST_P(CudaRuntimeCommitted, LogitsMatchTheCpuForwardAndTransformers) {
                 (long long)(n - ref.n_prompt));
     EXPECT_LE(e.max_rel, kMaxRelF32) << name;
     EXPECT_LE(h.max_rel, kMaxRelVsHfFp16) << name;
-    EXPECT_EQ(expect_same_greedy(gpu, cpu, V, n, e.max_abs, name), 0) << "no ties expected at f32 precision";
+    // tiny-llama's recorded tokens hold one row whose top-2 gap is below 3.3e-5 (a tie at this
+    // precision, measured on the H200); every other row's greedy token must agree.
+    const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, name);
+    EXPECT_LE(ties, 1) << name;
     EXPECT_EQ(gc[0]->offset(), n);
   }
 
@@ -283,7 +295,8 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, window 16): vs CPU VecInfer max_rel %.2e "
               "(max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",
               GetParam().c_str(), e.max_rel, e.max_abs, q.max_rel);
-  EXPECT_LE(e.max_rel, kMaxRelDeviceCache);
+  EXPECT_LE(e.max_rel, kMaxRelVecInferDevice);
+  EXPECT_LE(e.max_rel, kVecInferShareOfVqError * q.max_rel);
   EXPECT_EQ(dev[0]->offset(), n);
 }
 
