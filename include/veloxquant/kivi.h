@@ -17,9 +17,9 @@
 //           residual_count + G − 1 of the newest keys are fp16 (KIVI's own policy; it favours KIVI
 //           slightly and its bytes are counted).
 // Quantization reads the fp16-rounded rows. trim() into a quantized key block moves that block's
-// surviving rows back to the fp16 part as their dequantized values (what attention saw), so a
-// trim changes nothing that is kept; the block is quantized again (from those values) once it
-// leaves the window again.
+// surviving rows back to the fp16 part as their dequantized values rounded to fp16 (what attention
+// saw, up to that rounding); the block is quantized again (from those values) once it has left
+// the window again. Everything else kept is unchanged by a trim.
 //
 // Bits per element, KIVI's own count: bits + 32/G (b2g32 → 3.0, b2g128 → 2.25).
 #pragma once
