@@ -1,0 +1,146 @@
+// The `veloxquant` command line, run as a program: conventions (--help, --version, error format
+// and exit status) and the calibrate → inspect → demo flow on small shapes. The executable is
+// looked up next to the test binary's folder (build/veloxquant for build/tests/vq_test_e2e);
+// the tests skip, saying so, when it has not been built.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "veloxquant/artifact.h"
+#include "veloxquant/synthetic.h"
+
+using namespace veloxquant;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string cli_path() {
+  const fs::path self = fs::read_symlink("/proc/self/exe");
+  for (const fs::path& p : {self.parent_path().parent_path() / "veloxquant", self.parent_path() / "veloxquant"})
+    if (fs::exists(p)) return p.string();
+  return {};
+}
+
+struct CliRun {
+  int status = -1;
+  std::string out;
+};
+
+CliRun run(const std::string& args) {
+  CliRun r;
+  const std::string cmd = "'" + cli_path() + "' " + args + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  if (!p) return r;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) r.out.append(buf, n);
+  const int st = ::pclose(p);
+  r.status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+
+std::string tmp_dir() {
+  const fs::path d = fs::temp_directory_path() / ("vq_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(d);
+  return d.string();
+}
+
+#define REQUIRE_CLI()                                                                     \
+  if (cli_path().empty()) GTEST_SKIP() << "the veloxquant executable is not built next to this test"
+
+}  // namespace
+
+TEST(Cli, Conventions) {
+  REQUIRE_CLI();
+  CliRun v = run("--version");
+  EXPECT_EQ(v.status, 0);
+  EXPECT_NE(v.out.find("veloxquant "), std::string::npos) << v.out;
+  for (const char* sub : {"calibrate", "inspect", "demo", "bench"}) {
+    CliRun h = run(std::string(sub) + " --help");
+    EXPECT_EQ(h.status, 0) << sub;
+    EXPECT_NE(h.out.find("Usage"), std::string::npos) << sub << ": " << h.out;
+  }
+  CliRun bad = run("frobnicate");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_EQ(bad.out.rfind("veloxquant: error: ", 0), 0u) << bad.out;
+  CliRun missing = run("inspect /nonexistent/file.safetensors");
+  EXPECT_NE(missing.status, 0);
+  EXPECT_NE(missing.out.find("veloxquant: error: "), std::string::npos) << missing.out;
+  CliRun badspec = run("calibrate --kv /dev/null --keys d3b8 -o /tmp/x.safetensors");
+  EXPECT_NE(badspec.status, 0);
+  EXPECT_NE(badspec.out.find("veloxquant: error: "), std::string::npos) << badspec.out;
+  // A file that is not safetensors: a format error naming the file, status 1.
+  const std::string dir = tmp_dir();
+  const std::string junk = dir + "/junk.safetensors";
+  FILE* f = std::fopen(junk.c_str(), "wb");
+  std::fputs("this is not a safetensors file at all", f);
+  std::fclose(f);
+  CliRun j = run("inspect " + junk);
+  EXPECT_EQ(j.status, 1) << j.out;
+  EXPECT_NE(j.out.find("veloxquant: error: " + junk), std::string::npos) << j.out;
+}
+
+TEST(Cli, CalibrateInspectRoundTrip) {
+  REQUIRE_CLI();
+  const std::string dir = tmp_dir();
+  SyntheticKVConfig c;
+  c.n_layers = 2;
+  c.n_kv_heads = 2;
+  c.n_heads = 4;
+  c.head_dim = 64;
+  SyntheticKVModel m(c);
+  const std::string kv = dir + "/kv.safetensors", art = dir + "/art.safetensors", js = dir + "/cal.json";
+  m.generate(600, 0, 1).kv.save(kv);
+  CliRun r = run("calibrate --kv " + kv + " --keys d4b6 --values d8b6 --iters 4 --seed 9 -o " + art + " --json " + js);
+  ASSERT_EQ(r.status, 0) << r.out;
+  EXPECT_NE(r.out.find("key err (no transforms)"), std::string::npos) << r.out;
+  const Artifact a = Artifact::load(art);
+  EXPECT_EQ(a.n_layers, 2);
+  EXPECT_EQ(a.key_spec.str(), "d4b6");
+  EXPECT_EQ(a.value_spec.str(), "d8b6");
+  EXPECT_EQ(a.calib_tokens, 600);
+  FILE* jf = std::fopen(js.c_str(), "r");
+  ASSERT_NE(jf, nullptr);
+  nlohmann::json j = nlohmann::json::parse(jf);
+  std::fclose(jf);
+  EXPECT_EQ(j["layers"].size(), 2u);
+  EXPECT_GT(j["layers"][0]["key_error_untransformed"].get<double>(), 0.0);
+
+  CliRun i = run("inspect --json " + art);
+  ASSERT_EQ(i.status, 0) << i.out;
+  nlohmann::json ij = nlohmann::json::parse(i.out);
+  EXPECT_EQ(ij["metadata"]["format"], "veloxquant-artifact");
+  EXPECT_EQ(ij["layers"].size(), 2u);
+  CliRun it = run("inspect " + art);
+  EXPECT_EQ(it.status, 0);
+  EXPECT_NE(it.out.find("d4b6"), std::string::npos) << it.out;
+  CliRun ik = run("inspect " + kv);  // not an artifact: a plain listing
+  EXPECT_EQ(ik.status, 0);
+  EXPECT_NE(ik.out.find("layers.1.values"), std::string::npos) << ik.out;
+}
+
+TEST(Cli, DemoOnSmallShapesWritesJson) {
+  REQUIRE_CLI();
+  const std::string dir = tmp_dir();
+  const std::string js = dir + "/demo.json";
+  CliRun r = run("demo --layers 1 --kv-heads 2 --heads 4 --head-dim 128 --ctx 700 --calib-tokens 600 --queries 4 "
+              "--iters 3 --repeats 1 --no-plot --json " + js);
+  ASSERT_EQ(r.status, 0) << r.out;
+  FILE* jf = std::fopen(js.c_str(), "r");
+  ASSERT_NE(jf, nullptr);
+  nlohmann::json j = nlohmann::json::parse(jf);
+  std::fclose(jf);
+  ASSERT_EQ(j["methods"].size(), 7u);
+  EXPECT_EQ(j["methods"][0]["method"], "fp16");
+  EXPECT_LT(j["methods"][0]["attention_output_error"].get<double>(), 0.01);
+  for (const auto& m : j["methods"]) {
+    EXPECT_GT(m["bytes"].get<int64_t>(), 0) << m;
+    EXPECT_GT(m["bits_per_element_effective"].get<double>(), 0.0) << m;
+  }
+}
