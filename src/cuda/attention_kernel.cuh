@@ -289,6 +289,27 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     prefetch_l2(vcodes + int64_t(c0) * p.v_row_stride, uint32_t(e - c0) * p.v_row_stride);
   }
 
+  // The codebook entries this thread will replicate, loaded now so the fetch overlaps the
+  // query transform below.
+  constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
+  uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
+  if (has_code) {
+#pragma unroll
+    for (int i = 0; i < kKPer; ++i) {
+      const int c = tid + i * T::kThreads;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + min(c, T::kNK - 1) * KS);
+#pragma unroll
+      for (int j = 0; j < T::kEK / 4; ++j) kreg[i][j] = __ldg(src + j);
+    }
+#pragma unroll
+    for (int i = 0; i < kVPer; ++i) {
+      const int c = tid + i * T::kThreads;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + min(c, T::kNV - 1) * VS);
+#pragma unroll
+      for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] = __ldg(src + j);
+    }
+  }
+
   // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
   for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
     const int r = idx / D, d = idx % D, gr = rchunk * kRows + r;
@@ -316,32 +337,30 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
   for (int idx = tid; idx < kRows * D; idx += T::kThreads) sQt[idx] = __float2half_rn(sQw[idx] * qscale);
 
-  // ---- codebooks into shared memory, replicated ---------------------------------------------
+  // ---- codebooks into shared memory, replicated (loads issued before the query work) -------
   if (has_code) {
-    for (int c = tid; c < T::kNK; c += T::kThreads) {
-      uint32_t w[T::kEK / 4];
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + c * KS);
 #pragma unroll
-      for (int j = 0; j < T::kEK / 4; ++j) w[j] = __ldg(src + j);
+    for (int i = 0; i < kKPer; ++i) {
+      const int c = tid + i * T::kThreads;
       const int row = c / T::kGK, col = c % T::kGK;
 #pragma unroll
       for (int cp = 0; cp < T::kRK; ++cp) {
+        if (c >= T::kNK) break;
         uint32_t* dst = reinterpret_cast<uint32_t*>(sK + row * 128 + (cp * T::kGK + col) * T::kEK);
 #pragma unroll
-        for (int j = 0; j < T::kEK / 4; ++j) dst[j] = w[j];
+        for (int j = 0; j < T::kEK / 4; ++j) dst[j] = kreg[i][j];
       }
     }
-    for (int c = tid; c < T::kNV; c += T::kThreads) {
-      uint32_t w[T::kEV / 4];
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + c * VS);
 #pragma unroll
-      for (int j = 0; j < T::kEV / 4; ++j) w[j] = __ldg(src + j);
+    for (int i = 0; i < kVPer; ++i) {
+      const int c = tid + i * T::kThreads;
       const int row = c / T::kGV, col = c % T::kGV;
 #pragma unroll
       for (int cp = 0; cp < T::kRV; ++cp) {
+        if (c >= T::kNV) break;
         uint32_t* dst = reinterpret_cast<uint32_t*>(sV + row * 128 + (cp * T::kGV + col) * T::kEV);
 #pragma unroll
-        for (int j = 0; j < T::kEV / 4; ++j) dst[j] = w[j];
+        for (int j = 0; j < T::kEV / 4; ++j) dst[j] = vreg[i][j];
       }
     }
   }
