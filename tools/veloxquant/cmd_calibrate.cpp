@@ -1,4 +1,5 @@
 // veloxquant calibrate: KV samples → codebook artifact, with per-layer progress and a summary.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -6,6 +7,7 @@
 #include "subcommand.h"
 #include "veloxquant/calibrate.h"
 #include "veloxquant/error.h"
+#include "veloxquant/synthetic.h"
 
 namespace vqcli {
 namespace {
@@ -26,6 +28,31 @@ class KvFileSource final : public KvSource {
   CLI::Option* opt_ = nullptr;
 };
 VQ_REGISTER_KV_SOURCE(KvFileSource, "kv-file")
+
+/// `--synthetic`: KV from the synthetic generator (docs/synthetic-kv.md), for trying the tool
+/// without a model.
+class SyntheticSource final : public KvSource {
+ public:
+  void configure(CLI::App& app) override {
+    opt_ = app.add_flag("--synthetic", flag_, "calibrate on synthetic LLM-like KV instead of a file");
+    app.add_option("--synthetic-tokens", tokens_, "synthetic: tokens per layer")->capture_default_str();
+    app.add_option("--synthetic-seed", cfg_.seed, "synthetic: model seed")->capture_default_str();
+    app.add_option("--synthetic-layers", cfg_.n_layers, "synthetic: layers")->capture_default_str();
+  }
+  bool selected() const override { return opt_ && opt_->count() > 0; }
+  std::string usage() const override { return "--synthetic"; }
+  veloxquant::KVSamples load(int64_t max_tokens) override {
+    const int64_t n = max_tokens > 0 ? std::min(max_tokens, tokens_) : tokens_;
+    return veloxquant::SyntheticKVModel(cfg_).generate(n, 0, /*sequence_seed=*/1).kv;
+  }
+
+ private:
+  veloxquant::SyntheticKVConfig cfg_;
+  int64_t tokens_ = 4096;
+  bool flag_ = false;
+  CLI::Option* opt_ = nullptr;
+};
+VQ_REGISTER_KV_SOURCE(SyntheticSource, "synthetic")
 
 class CalibrateCommand final : public Command {
  public:
