@@ -95,8 +95,7 @@ struct AttnTraits {
   // (cp.async), PIPE − 1 tiles ahead; PIPE = 0: one tile ahead in registers
   static constexpr int kStageBytes = 16 * KT * (kKRow + kVRow);
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
-  // q̃/q/scratch, then flags: [0] merge flag, [1] next tile to claim, [4..] claimed tiles [W][PIPE]
-  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + 16 + 4 * W * (PIPE > 0 ? PIPE : 1) + 48;
+  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + 64;
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
   static constexpr int kCbBudget = (MINB == 1 ? 200 * 1024 : 100 * 1024) - kRingBytes - kQBytes;
   static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
@@ -338,7 +337,6 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
   for (int idx = tid; idx < kRows * D; idx += T::kThreads) sQt[idx] = __float2half_rn(sQw[idx] * qscale);
 
-  if (tid == 0) sFlag[1] = 0;  // tile counter (claimed after the barrier below)
   // ---- codebooks into shared memory, replicated (loads issued before the query work) -------
   if (has_code) {
 #pragma unroll
@@ -625,30 +623,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         base = nb2;
       }
     } else {
-      // This warp's ring: its j-th tile lives in stage j % PIPE, claimed and issued PIPE − 1
-      // tiles ahead. Tiles are claimed from a block-wide counter (not dealt round-robin), so the
-      // warps of a block finish together instead of idling at the final barrier.
+      // This warp's ring: tile j lives in stage j % PIPE, issued PIPE − 1 tiles ahead.
       unsigned char* const ring = sRing + warp * PIPE * T::kStageBytes;
       const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring));
-      int* const s_tile = sFlag + 4 + warp * PIPE;
       auto issue = [&](int j) {
-        int base = c1;
-        if (lane == 0) {
-          base = min(c1, c0 + atomicAdd(&sFlag[1], 1) * T::kWarpTok);
-          s_tile[j % PIPE] = base;
-        }
-        base = __shfl_sync(0xffffffffu, base, 0);
+        const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
         if (base < c1) {
           const int ntok = min(T::kWarpTok, c1 - base);
           const uint32_t st = ring_s + (j % PIPE) * T::kStageBytes;
           warp_copy_async(st, kcodes + int64_t(base) * T::kKRow, ntok * T::kKRow, lane);
           warp_copy_async(st + 16 * KT * T::kKRow, vcodes + int64_t(base) * T::kVRow, ntok * T::kVRow, lane);
-          const int pb = base + T::kPrefetchTiles * T::kBlockTok;  // tiles claimed ~4 block tiles later
-          if (lane == 0 && pb < c1) {
-            const int pe = min(c1, pb + T::kWarpTok);
-            prefetch_l2(kcodes + int64_t(pb) * T::kKRow, uint32_t(pe - pb) * T::kKRow);
-            prefetch_l2(vcodes + int64_t(pb) * T::kVRow, uint32_t(pe - pb) * T::kVRow);
-          }
         }
         cp_async_commit();
       };
@@ -680,14 +664,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int j = 0; j < PIPE - 1; ++j) issue(j);
 #pragma unroll 1
       for (int j = 0;; ++j) {
-        __syncwarp();
-        const int base = s_tile[j % PIPE];  // claims only grow: past c1 means nothing is left
+        const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
         if (base >= c1) break;
         issue(j + PIPE - 1);
         cp_async_wait<PIPE - 1>();
         __syncwarp();
         Tile cur;
         fill(cur, j);
+        prefetch(base);
         process(cur, base);
         __syncwarp();  // every lane is done with stage j % PIPE before it is refilled
       }
