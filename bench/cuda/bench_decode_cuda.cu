@@ -598,6 +598,14 @@ int main(int argc, char** argv) {
     }
     step_us = median(t) * 1e3;
     cc->sync_seq_lens();
+    if (auto* acc = dynamic_cast<VecInferAccounting*>(cache.get())) {
+      const double ideal = double(acc->compressed_key_bytes() + acc->compressed_value_bytes() +
+                                  acc->fp16_key_bytes() + acc->fp16_value_bytes() + acc->codebook_bytes());
+      std::printf("bytes held: %lld (packed codes %lld + window %lld + codebooks %lld): %.2f%% above the payload\n",
+                  (long long)cache->nbytes(), (long long)(acc->compressed_key_bytes() + acc->compressed_value_bytes()),
+                  (long long)(acc->fp16_key_bytes() + acc->fp16_value_bytes()), (long long)acc->codebook_bytes(),
+                  100.0 * (double(cache->nbytes()) / ideal - 1.0));
+    }
     std::printf("\ndecode step (graph: encode 1 token + attention, d4b8/d4b8, 1 x %d): %.1f us, %lld tokens held, "
                 "overflow=%d\n",
                 L, step_us, (long long)cache->offset(), int(cc->device_error()));
