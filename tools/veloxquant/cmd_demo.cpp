@@ -8,6 +8,7 @@
 // Writes the table to stdout, optionally JSON (--json) and a PNG of error vs bits (--plot).
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -69,9 +70,12 @@ class DemoCommand final : public Command {
     app.add_option("--queries", n_queries_, "decode queries per layer for the error (newest positions)")
         ->capture_default_str();
     app.add_option("--residual", residual_, "fp16 residual window (every method)")->capture_default_str();
-    app.add_option("--iters", iters_, "k-means iterations (demo setting; calibrate defaults to 30)")
+    app.add_option("--iters", iters_, "k-means iterations for codebooks of <= 10 bits (calibrate: 30)")
         ->capture_default_str();
-    app.add_option("--points-per-centroid", ppc_, "k-means subsample: 2^bits x this many sub-vectors")
+    app.add_option("--iters-large", iters_large_, "k-means iterations for larger codebooks (12-bit)")
+        ->capture_default_str();
+    app.add_option("--train-points", train_points_,
+                   "k-means trains on at most this many sub-vectors per codebook (and <= 256 per centroid)")
         ->capture_default_str();
     app.add_option("--seed", syn_.seed, "synthetic model seed")->capture_default_str();
     app.add_option("--threads", threads_, "CPU threads (0: all cores)")->capture_default_str();
@@ -89,8 +93,9 @@ class DemoCommand final : public Command {
     SyntheticKVModel model(syn_);
     std::printf("veloxquant demo: synthetic model %d layers, %d query / %d kv heads, head_dim %d (seed %llu)\n",
                 syn_.n_layers, syn_.n_heads, syn_.n_kv_heads, syn_.head_dim, (unsigned long long)syn_.seed);
-    std::printf("  calibration: %lld tokens per layer (k-means: %d iterations, <= %d points per centroid)\n",
-                (long long)calib_tokens_, iters_, ppc_);
+    std::printf("  calibration: %lld tokens per layer (demo k-means: %d iterations for <= 10-bit codebooks, %d for\n"
+                "               12-bit ones, on at most %lld sub-vectors each; calibrate defaults to 30 iterations)\n",
+                (long long)calib_tokens_, iters_, iters_large_, (long long)train_points_);
     std::printf("  evaluation:  context %lld tokens, %d decode queries per layer at the newest positions, "
                 "fp16 residual window %d for every method\n",
                 (long long)ctx_, n_queries_, residual_);
@@ -122,8 +127,11 @@ class DemoCommand final : public Command {
       p.key_spec = PQSpec::parse(v.keys);
       p.value_spec = PQSpec::parse(v.values);
       p.use_smooth = p.use_hadamard = v.transforms;
-      p.niter = iters_;
-      p.max_points_per_centroid = ppc_;
+      // k-means budget: at most train_points_ sub-vectors (and 256 per centroid) per codebook;
+      // fewer iterations for 12-bit codebooks, whose Lloyd steps cost 16x those of 8-bit ones.
+      const int max_bits = std::max(p.key_spec.codebook_bits, p.value_spec.codebook_bits);
+      p.niter = max_bits > 10 ? iters_large_ : iters_;
+      p.max_points_per_centroid = int(std::clamp<int64_t>(train_points_ >> max_bits, 1, 256));
       p.max_eval_vectors = 2048;
       p.measure_untransformed = false;
       p.n_threads = threads_;
@@ -219,7 +227,7 @@ class DemoCommand final : public Command {
     j["calibration_tokens"] = calib_tokens_;
     j["queries"] = n_queries_;
     j["residual_length"] = residual_;
-    j["kmeans"] = {{"iterations", iters_}, {"points_per_centroid", ppc_}};
+    j["kmeans"] = {{"iterations", iters_}, {"iterations_12bit", iters_large_}, {"train_points", train_points_}};
     nlohmann::json jm = nlohmann::json::array();
     for (const auto& r : rows)
       jm.push_back({{"method", r.name},
@@ -253,16 +261,25 @@ class DemoCommand final : public Command {
     namespace fs = std::filesystem;
     const fs::path out(plot_);
     if (out.has_parent_path()) fs::create_directories(out.parent_path());
+    // One data block per compressed method (fp16 sits at 16 bits with ~1e-4 error and would
+    // squash the rest: it is quoted in the title instead). Filled marker: effective bits;
+    // open marker of the same colour: nominal bits.
     const std::string dat = plot_ + ".dat";
+    std::vector<std::string> titles;
+    double fp16_err = 0;
     {
       FILE* f = std::fopen(dat.c_str(), "w");
       if (!f) VQ_THROW(IoError, "cannot write '" << dat << "'");
       for (const auto& r : rows) {
-        std::string label = r.name == "fp16" ? "fp16" : r.name + " " + r.keys + (r.keys == r.values ? "" : "/" + r.values);
+        if (r.name == "fp16") {
+          fp16_err = r.attn_error;
+          continue;
+        }
+        std::string label = r.name + " " + (r.keys == r.values ? r.keys : r.keys + "/" + r.values);
         for (char& c : label)
-          if (c == '"') c = '\'';
-        std::fprintf(f, "%g %g %g \"%s\"\n", r.effective_bits, std::max(r.attn_error, 1e-6), r.nominal_bits,
-                     label.c_str());
+          if (c == '\'' || c == '"') c = ' ';
+        titles.push_back(label);
+        std::fprintf(f, "%g %g %g\n\n\n", r.effective_bits, r.attn_error, r.nominal_bits);
       }
       std::fclose(f);
     }
@@ -274,14 +291,19 @@ class DemoCommand final : public Command {
                    "if (strstrt(GPVAL_TERMINALS, 'pngcairo') > 0) { set terminal pngcairo size 1000,650 font ',11' }"
                    " else { set terminal png size 1000,650 }\n"
                    "set output '%s'\n"
-                   "set title 'veloxquant demo: attention-output error vs bits per element (%d layers, %lld tokens)'\n"
-                   "set xlabel 'bits per K/V element (effective: everything the caches hold)'\n"
+                   "set title \"veloxquant demo: attention-output error vs bits per element\\n"
+                   "(%d layers, %lld tokens, residual window %d; fp16: 16 bits, error %.1e)\"\n"
+                   "set xlabel 'bits per K/V element (filled: effective, all bytes held; open: nominal)'\n"
                    "set ylabel 'attention-output relative error'\n"
-                   "set logscale xy\nset grid\nset key top right\nset xrange [0.8:24]\n"
-                   "plot '%s' using 1:2 with points pt 7 ps 1.5 title 'effective bits',"
-                   " '' using 3:2 with points pt 6 ps 1.5 title 'nominal bits',"
-                   " '' using 1:2:4 with labels offset 0.6,0.6 left font ',9' notitle\n",
-                   plot_.c_str(), syn_.n_layers, (long long)ctx_, dat.c_str());
+                   "set grid\nset key outside right top\nset offsets 0.1, 0.1, 0.02, 0.02\n"
+                   "plot ",
+                   plot_.c_str(), syn_.n_layers, (long long)ctx_, residual_, fp16_err);
+      for (size_t i = 0; i < titles.size(); ++i)
+        std::fprintf(f,
+                     "%s'%s' index %zu using 1:2 with points pt 7 ps 2 lc %zu title '%s', "
+                     "'' index %zu using 3:2 with points pt 6 ps 2 lc %zu notitle",
+                     i ? ", " : "", dat.c_str(), i, i + 1, titles[i].c_str(), i, i + 1);
+      std::fprintf(f, "\n");
       std::fclose(f);
     }
     const std::string cmd = "gnuplot '" + script + "' 2>&1";
@@ -307,8 +329,9 @@ class DemoCommand final : public Command {
   int64_t calib_tokens_ = 2048;
   int n_queries_ = 16;
   int residual_ = 128;
-  int iters_ = 8;
-  int ppc_ = 16;
+  int iters_ = 20;
+  int iters_large_ = 8;
+  int64_t train_points_ = 65536;
   int threads_ = 0;
   int repeats_ = 5;
   std::string json_, plot_ = "out/demo.png";

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 
 #include "subcommand.h"
@@ -148,6 +149,11 @@ void write_json(const nlohmann::json& j, const std::string& path) {
   if (path == "-") {
     std::fwrite(text.data(), 1, text.size(), stdout);
     return;
+  }
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(parent, ec);
   }
   std::ofstream f(path, std::ios::binary);
   if (!f) VQ_THROW(IoError, "cannot write '" << path << "': " << std::strerror(errno));
