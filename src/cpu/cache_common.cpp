@@ -99,6 +99,23 @@ int64_t meta_int(const CacheMetaState& m, const std::string& key) {
   return int64_t(v);
 }
 
+uint64_t meta_uint64(const CacheMetaState& m, const std::string& key) {
+  auto it = m.find(key);
+  VQ_CHECK_FORMAT(it != m.end(), "meta_state: missing \"" << key << "\"");
+  const std::string& s = it->second;
+  size_t pos = 0;
+  unsigned long long v = 0;
+  try {
+    // stoull accepts a leading '-' (wrapping it); an unsigned field must not have one
+    if (!s.empty() && s[0] != '-') v = std::stoull(s, &pos);
+  } catch (...) {
+    pos = std::string::npos;
+  }
+  VQ_CHECK_FORMAT(pos == s.size() && !s.empty(),
+                  "meta_state: \"" << key << "\" = \"" << s << "\" is not an unsigned integer");
+  return uint64_t(v);
+}
+
 std::string meta_str(const CacheMetaState& m, const std::string& key) {
   auto it = m.find(key);
   VQ_CHECK_FORMAT(it != m.end(), "meta_state: missing \"" << key << "\"");

@@ -30,6 +30,8 @@ inline int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step 
 
 /// meta_state access: throws FormatError naming the key when missing or not an integer.
 int64_t meta_int(const CacheMetaState& m, const std::string& key);
+/// Unsigned 64-bit field (seeds): the full range, no sign.
+uint64_t meta_uint64(const CacheMetaState& m, const std::string& key);
 std::string meta_str(const CacheMetaState& m, const std::string& key);
 bool meta_bool(const CacheMetaState& m, const std::string& key);
 

@@ -561,7 +561,7 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   c.step = meta_int(meta, "step");
   c.fused_sdpa_max_ctx = meta_int(meta, "fused_sdpa_max_ctx");
   c.use_hadamard = meta_bool(meta, "use_hadamard");
-  c.seed = uint64_t(meta_int(meta, "seed"));
+  c.seed = meta_uint64(meta, "seed");
   const bool identity = meta_bool(meta, "identity_smooth");
   const bool random_cb = meta_bool(meta, "random_codebooks");
   try {

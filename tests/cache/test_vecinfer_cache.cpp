@@ -328,3 +328,26 @@ TEST(VecInferCache, EmptyCacheBehaviour) {
   for (float x : sdpa_values(c, q.view, p)) EXPECT_EQ(x, 0.0f);  // nothing to attend to
   check_accounting(c);
 }
+
+// meta_state carries the seed as an unsigned 64-bit number: the whole range round-trips, and a
+// signed or malformed value is refused (FormatError) without touching the cache.
+TEST(VecInferCache, SeedRoundTripsOverTheFullUnsignedRange) {
+  for (uint64_t seed : {uint64_t(0), uint64_t(1) << 63, ~uint64_t(0)}) {
+    KVCacheConfig cfg = vq_config(CacheMode::MemoryBound, 64, 8);
+    cfg.seed = seed;
+    VecInferKVCache c(cfg);
+    std::mt19937_64 rng(seed ^ 5);
+    KV a = random_kv(1, 2, 12, 64, DType::F32, false, rng);
+    c.update(a.k.view, a.v.view);
+    auto r = VecInferKVCache::from_state(c.state(), c.meta_state());
+    EXPECT_EQ(r->config().seed, seed);
+    EXPECT_EQ(snapshot(*r), snapshot(c));
+    CacheMetaState bad = c.meta_state();
+    bad["seed"] = "-1";
+    VecInferKVCache d(vq_config(CacheMode::MemoryBound, 64, 8));
+    d.update(a.k.view, a.v.view);
+    const auto before = snapshot(d);
+    EXPECT_THROW(d.restore(c.state(), bad), FormatError);
+    EXPECT_EQ(snapshot(d), before);
+  }
+}
