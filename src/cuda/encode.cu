@@ -53,12 +53,12 @@ __device__ __forceinline__ Side side_of(const EncodeParams& p, bool keys) {
 /// The oracle's distance, reproduced operation for operation.
 template <int SD>
 __device__ __forceinline__ float oracle_dist(const float (&x)[SD], const float* c) {
+  // No FMA anywhere: every difference, square and partial sum rounded to f32 (the CPU rule).
   float e = 0.0f;
-  constexpr int d8 = SD & ~7;
 #pragma unroll
   for (int j = 0; j < SD; ++j) {
     const float t = __fsub_rn(x[j], c[j]);
-    e = j < d8 ? __fadd_rn(e, __fmul_rn(t, t)) : __fmaf_rn(t, t, e);
+    e = __fadd_rn(e, __fmul_rn(t, t));
   }
   return e;
 }
@@ -82,11 +82,10 @@ __device__ __forceinline__ void oracle_scan(const float (&x)[SD], const float* c
     float v[SD];
     load_centroid<SD>(cb, c, v);
     float e = 0.0f;
-    constexpr int d8 = SD & ~7;
 #pragma unroll
     for (int j = 0; j < SD; ++j) {
       const float t = __fsub_rn(x[j], v[j]);
-      e = j < d8 ? __fadd_rn(e, __fmul_rn(t, t)) : __fmaf_rn(t, t, e);
+      e = __fadd_rn(e, __fmul_rn(t, t));
     }
     if (e < best || (e == best && c < code)) best = e, code = c;
   }
