@@ -55,12 +55,13 @@ inline void add_cache_options(CLI::App* app, CacheArgs& a) {
   app->add_option("--value-spec", a.value_spec, "random codebooks: value sub_dim/bits, e.g. d8b8");
 }
 
-/// The CUDA forward pass is not implemented: refuse clearly.
+/// Commands other than `generate` run the forward pass on the CPU only: refuse --device cuda
+/// clearly there (`generate` loads the weights with device "cpu" and uploads them itself).
 inline void check_device(const ModelArgs& a) {
   if (a.device == "cuda")
     VQ_THROW(UnsupportedError,
-             "--device cuda: the runtime's forward pass runs on the CPU only in this version (the CUDA KV caches "
-             "exist, the model's CUDA kernels do not); use --device cpu");
+             "--device cuda: only `veloxquant generate` runs the model on the GPU in this version; "
+             "use --device cpu here");
 }
 
 inline std::unique_ptr<veloxquant::runtime::Model> load_model(const ModelArgs& a) {
