@@ -99,6 +99,30 @@ int64_t meta_int(const CacheMetaState& m, const std::string& key) {
   return int64_t(v);
 }
 
+CacheMetaState vecinfer_meta_state(const VecInferMeta& m, const KVCacheConfig& config) {
+  auto b = [](bool x) { return std::string(x ? "true" : "false"); };
+  return {{"class", m.class_name},
+          {"mode", cache_mode_name(m.mode)},
+          {"offset", std::to_string(m.offset)},
+          {"residual_count", std::to_string(m.residual_count)},
+          {"capacity", std::to_string(m.capacity)},
+          {"batch", std::to_string(m.batch)},
+          {"n_kv_heads", std::to_string(m.n_kv_heads)},
+          {"head_dim", std::to_string(config.head_dim)},
+          {"key_codebook_bits", std::to_string(m.key_spec.codebook_bits)},
+          {"value_codebook_bits", std::to_string(m.value_spec.codebook_bits)},
+          {"key_sub_dim", std::to_string(m.key_spec.sub_dim)},
+          {"value_sub_dim", std::to_string(m.value_spec.sub_dim)},
+          {"residual_length", std::to_string(config.residual_length)},
+          {"storage_dtype", dtype_name(config.storage_dtype)},
+          {"step", std::to_string(config.step)},
+          {"fused_sdpa_max_ctx", std::to_string(config.fused_sdpa_max_ctx)},
+          {"use_hadamard", b(config.use_hadamard)},
+          {"identity_smooth", b(m.identity_smooth)},
+          {"random_codebooks", b(m.random_codebooks)},
+          {"seed", std::to_string(config.seed)}};
+}
+
 uint64_t meta_uint64(const CacheMetaState& m, const std::string& key) {
   auto it = m.find(key);
   VQ_CHECK_FORMAT(it != m.end(), "meta_state: missing \"" << key << "\"");

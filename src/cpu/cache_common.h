@@ -35,6 +35,18 @@ uint64_t meta_uint64(const CacheMetaState& m, const std::string& key);
 std::string meta_str(const CacheMetaState& m, const std::string& key);
 bool meta_bool(const CacheMetaState& m, const std::string& key);
 
+/// What a VecInfer cache (CPU or CUDA) records in meta_state: one schema, written in one place,
+/// so the two backends' states stay interchangeable.
+struct VecInferMeta {
+  std::string class_name;
+  CacheMode mode = CacheMode::Standard;
+  int64_t offset = 0, residual_count = 0, capacity = 0, batch = 0;
+  int n_kv_heads = 0;
+  PQSpec key_spec, value_spec;
+  bool identity_smooth = true, random_codebooks = false;
+};
+CacheMetaState vecinfer_meta_state(const VecInferMeta& m, const KVCacheConfig& config);
+
 /// The tensor named `name` in a state, or nullptr.
 const Tensor* state_find(const CacheState& s, const std::string& name);
 /// Throws FormatError unless t is a CPU tensor of dtype dt and shape `shape`.

@@ -61,8 +61,6 @@ TensorView rows_view(const Tensor& buf, DType dt, int64_t B, int64_t Hkv, int64_
                     {Hkv * rows * X, rows * X, X, 1});
 }
 
-const char* bool_str(bool b) { return b ? "true" : "false"; }
-
 }  // namespace
 
 // ---- construction ------------------------------------------------------------------------------
@@ -517,26 +515,10 @@ CacheState VecInferKVCache::state() const {
 }
 
 CacheMetaState VecInferKVCache::meta_state() const {
-  return {{"class", class_name()},
-          {"mode", cache_mode_name(mode_)},
-          {"offset", std::to_string(offset_)},
-          {"residual_count", std::to_string(residual_count_)},
-          {"capacity", std::to_string(capacity_)},
-          {"batch", std::to_string(batch_)},
-          {"n_kv_heads", std::to_string(n_kv_heads_)},
-          {"head_dim", std::to_string(config_.head_dim)},
-          {"key_codebook_bits", std::to_string(key_pq_.codebook_bits)},
-          {"value_codebook_bits", std::to_string(value_pq_.codebook_bits)},
-          {"key_sub_dim", std::to_string(key_pq_.sub_dim)},
-          {"value_sub_dim", std::to_string(value_pq_.sub_dim)},
-          {"residual_length", std::to_string(config_.residual_length)},
-          {"storage_dtype", dtype_name(config_.storage_dtype)},
-          {"step", std::to_string(config_.step)},
-          {"fused_sdpa_max_ctx", std::to_string(config_.fused_sdpa_max_ctx)},
-          {"use_hadamard", bool_str(config_.use_hadamard)},
-          {"identity_smooth", bool_str(!transform_.use_smooth || transform_.lambda.empty())},
-          {"random_codebooks", bool_str(random_codebooks_)},
-          {"seed", std::to_string(config_.seed)}};
+  return detail::vecinfer_meta_state({class_name(), mode_, offset_, residual_count_, capacity_, batch_, n_kv_heads_,
+                                      key_pq_.spec(), value_pq_.spec(),
+                                      !transform_.use_smooth || transform_.lambda.empty(), random_codebooks_},
+                                     config_);
 }
 
 void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& meta) {

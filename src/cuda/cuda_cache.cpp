@@ -867,27 +867,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   CacheMetaState meta_state() const override {
-    auto b = [](bool x) { return std::string(x ? "true" : "false"); };
-    return {{"class", class_name()},
-            {"mode", cache_mode_name(mode_)},
-            {"offset", std::to_string(offset())},
-            {"residual_count", std::to_string(rch_.empty() ? 0 : rch_[0])},
-            {"capacity", std::to_string(capacity_)},
-            {"batch", std::to_string(batch_)},
-            {"n_kv_heads", std::to_string(n_kv_heads_)},
-            {"head_dim", std::to_string(config_.head_dim)},
-            {"key_codebook_bits", std::to_string(key_pq_.codebook_bits)},
-            {"value_codebook_bits", std::to_string(value_pq_.codebook_bits)},
-            {"key_sub_dim", std::to_string(key_pq_.sub_dim)},
-            {"value_sub_dim", std::to_string(value_pq_.sub_dim)},
-            {"residual_length", std::to_string(config_.residual_length)},
-            {"storage_dtype", dtype_name(config_.storage_dtype)},
-            {"step", std::to_string(config_.step)},
-            {"fused_sdpa_max_ctx", std::to_string(config_.fused_sdpa_max_ctx)},
-            {"use_hadamard", b(config_.use_hadamard)},
-            {"identity_smooth", b(!transform_.use_smooth || transform_.lambda.empty())},
-            {"random_codebooks", b(random_codebooks_)},
-            {"seed", std::to_string(config_.seed)}};
+    return detail::vecinfer_meta_state({class_name(), mode_, offset(), rch_.empty() ? 0 : int64_t(rch_[0]), capacity_,
+                                        batch_, n_kv_heads_, key_pq_.spec(), value_pq_.spec(),
+                                        !transform_.use_smooth || transform_.lambda.empty(), random_codebooks_},
+                                       config_);
   }
 
   void set_state(const CacheState& s) override {
