@@ -17,12 +17,14 @@
 //  * One block serves all query heads of a GQA group, so every code byte leaves HBM once.
 //  * Codes are never turned into a LUT: both products run on fp16 tensor cores (mma
 //    m16n8k16) with centroids gathered straight into MMA fragments from shared memory.
-//    Scores: S[16 tokens × 8 rows] = K̃ · q̃ᵀ; thread t's four K columns of a k-step are one
-//    or half a centroid of its own sub-vectors, so a gathered 8/16-byte centroid IS the
-//    fragment. Values: Oᵀ[16 dims × 8 rows] += V̂ᵀ · Pᵀ with the 16 tokens of a k-step in the
-//    order (t, t+4, t+8, t+12) per lane, which makes both the code reads and the P transpose
-//    (4 shuffles) cheap. Register pressure stays flat for 12-bit codebooks, where a LUT
-//    (4096 entries per sub-vector and query row) cannot fit anyway.
+//    Scores: Sᵀ[16 rows × 8 tokens] = q̃ · K̃ᵀ, queries as the A operand and lane (g, t)'s
+//    B fragment = four key dims of token g, i.e. one gathered d4 centroid (half a d8 one)
+//    exactly as it lands, with no register moves. With one row tile a single A fragment
+//    serves two k-steps (rows g for the even one, rows g + 8 for the odd one, two chains).
+//    Values: Oᵀ[16 dims × 8 rows] += V̂ᵀ · Pᵀ, where the score fragment (row g, tokens 2t,
+//    2t + 1) is already P's B fragment: no shuffles between the two products. Register
+//    pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per sub-vector and
+//    query row) cannot fit anyway.
 //  * The per-token cost is shared-memory gathers (head_dim·2 bytes per K and per V), so the
 //    fp16 codebooks are replicated across banks: lane l of a shared-memory phase reads copy
 //    l mod R, each copy living in its own bank group, which makes the random gathers
@@ -251,20 +253,18 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     const int hi = p.causal ? min(L, pos + 1) : L;
     lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
   }
-  int lo_t[NT][2], hi_t[NT][2];  // bounds of this lane's rows n·8 + 2t + r
+  int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int gr = rchunk * kRows + n * 8 + 2 * t + r;
-      if (gr < rows_total) {
-        const int pos = L - p.q_tail + gr / G;
-        lo_t[n][r] = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
-        hi_t[n][r] = p.causal ? min(L, pos + 1) : L;
-      } else {
-        lo_t[n][r] = 0, hi_t[n][r] = INT_MAX;
-      }
+  for (int n = 0; n < NT; ++n) {
+    const int gr = rchunk * kRows + n * 8 + g;
+    if (gr < rows_total) {
+      const int pos = L - p.q_tail + gr / G;
+      lo_t[n] = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
+      hi_t[n] = p.causal ? min(L, pos + 1) : L;
+    } else {
+      lo_t[n] = 0, hi_t[n] = INT_MAX;
     }
+  }
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
   const int64_t Nc = max(0, cB - cA);
   const int wA = max(lo_u, n_code), wB = min(hi_u, L);
@@ -367,24 +367,39 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   __syncthreads();
 
   // ---- per-warp state -----------------------------------------------------------------------
-  uint32_t qf[NT][T::kKSteps][2];
-  auto load_qf = [&](const __half* src) {
+  // Scores run as Sᵀ[16 rows × 8 tokens] = q̃ · K̃ᵀ: the queries are the MMA's A operand (a
+  // lane's rows g and g + 8; the second row tile, or zeros), a gathered centroid is the B
+  // operand as it lands (b0, b1 = one d4 centroid or half a d8 one: no register moves), and
+  // the score fragment (row g, tokens 2t, 2t + 1) is already P's B fragment for O += P·V̂.
+  // One row tile (NT = 1) has no rows g + 8, so one A fragment serves two k-steps: k-step 2j
+  // as rows g (a0, a2) and k-step 2j + 1 as rows g + 8 (a1, a3); the two MMAs that use it
+  // accumulate into separate chains, each keeping only its own rows (no zero registers, no
+  // moves). Two row tiles hold both rows per k-step.
+  constexpr int kQA = NT == 2 ? T::kKSteps : T::kKSteps / 2;
+  static_assert(T::kKSteps % 2 == 0, "an even number of k-steps");
+  uint32_t qa[kQA][4];
+  auto load_qa = [&](const __half* src) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int ks = 0; ks < T::kKSteps; ++ks) {
-        const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
-        const int d0 = (t * T::kKSpt + i) * KS + 4 * part;
-        const __half* q = src + (n * 8 + g) * D + d0;
-        qf[n][ks][0] = *reinterpret_cast<const uint32_t*>(q);
-        qf[n][ks][1] = *reinterpret_cast<const uint32_t*>(q + 2);
+    for (int ks = 0; ks < T::kKSteps; ++ks) {
+      const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
+      const int d0 = (t * T::kKSpt + i) * KS + 4 * part;
+      const __half* q0 = src + g * D + d0;
+      if constexpr (NT == 2) {
+        const __half* q1 = src + (8 + g) * D + d0;
+        qa[ks][0] = *reinterpret_cast<const uint32_t*>(q0);
+        qa[ks][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
+        qa[ks][1] = *reinterpret_cast<const uint32_t*>(q1);
+        qa[ks][3] = *reinterpret_cast<const uint32_t*>(q1 + 2);
+      } else {
+        qa[ks / 2][ks & 1] = *reinterpret_cast<const uint32_t*>(q0);
+        qa[ks / 2][2 + (ks & 1)] = *reinterpret_cast<const uint32_t*>(q0 + 2);
       }
+    }
   };
-  float m[NT][2], l[NT][2], o[T::kMT][NT][4];
+  // m, l: running max and sum of this lane's score rows n·8 + g (equal across the quad).
+  float m[NT], l[NT], o[T::kMT][NT][4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) m[n][r] = -INFINITY, l[n][r] = 0.0f;
+  for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f;
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
@@ -405,89 +420,83 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     if constexpr (T::kGV == 1) return c * 128u + v_base;
     else return (c / T::kGV) * 128u + (c % T::kGV) * uint32_t(T::kEV) + v_base;
   };
+  // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
+  auto vtok = [&](int q) -> int { return 2 * t + (q & 1) + 8 * (q >> 1); };
 
-  // Masks a tile's scores (tokens base + kt·16 + g + 8j) against [.., end) and the rows' bounds.
-  auto mask_scores = [&](float (&s)[KT][NT][4], int base, int end) {
+  // Masks a tile's scores s[kt][h][2n + e] (row n·8 + g, token base + kt·16 + 8h + 2t + e)
+  // against [.., end) and the rows' bounds.
+  auto mask_scores = [&](float (&s)[KT][2][4], int base, int end) {
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int tok = base + kt * 16 + g + 8 * j;
+      for (int h = 0; h < 2; ++h)
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int e = 0; e < 2; ++e) {
+          const int tok = base + kt * 16 + 8 * h + 2 * t + e;
 #pragma unroll
-          for (int r = 0; r < 2; ++r)
-            if (tok >= end || tok < lo_t[n][r] || tok >= hi_t[n][r]) s[kt][n][2 * j + r] = -INFINITY;
-      }
+          for (int n = 0; n < NT; ++n)
+            if (tok >= end || tok < lo_t[n] || tok >= hi_t[n]) s[kt][h][2 * n + e] = -INFINITY;
+        }
   };
 
-  // Online softmax over a warp tile, then O += P·V̂ with V̂ words from vwords(kt, i, w).
+  // Online softmax over a warp tile, then O += P·V̂ with V̂ words from vwords(kt, i, w), where
+  // lane (g, t) holds the value codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 of a k-tile.
   // Lazy rescaling: the exponentials use the running row max m as long as no score exceeds it
   // by more than kLazy (log2 units), so P <= 2^kLazy stays well inside fp16 and fp32 sums;
   // only then (always on a row's first visible tile) is the exact row max reduced across the
-  // lanes and O, l rescaled. The common path has no shuffle chain.
-  auto softmax_pv = [&](float (&s)[KT][NT][4], auto&& vwords) {
+  // quad and O, l rescaled. The common path has no shuffle at all: the probabilities of row g,
+  // tokens 2t, 2t + 1 are exactly the B fragment the value MMA wants.
+  auto softmax_pv = [&](float (&s)[KT][2][4], auto&& vwords) {
     constexpr float kLazy = 8.0f;
     bool need = false;
+    float lm[NT];
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int n = 0; n < NT; ++n) {
+      lm[n] = fmaxf(fmaxf(s[0][0][2 * n], s[0][0][2 * n + 1]), fmaxf(s[0][1][2 * n], s[0][1][2 * n + 1]));
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        float lm = fmaxf(s[0][n][r], s[0][n][2 + r]);
-#pragma unroll
-        for (int kt = 1; kt < KT; ++kt) lm = fmaxf(lm, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
-        need |= lm > m[n][r] + kLazy;
-      }
+      for (int kt = 1; kt < KT; ++kt)
+        lm[n] = fmaxf(lm[n], fmaxf(fmaxf(s[kt][0][2 * n], s[kt][0][2 * n + 1]),
+                                   fmaxf(s[kt][1][2 * n], s[kt][1][2 * n + 1])));
+      need |= lm[n] > m[n] + kLazy;
+    }
     if (__any_sync(0xffffffffu, need)) {
+      float sc[NT];
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        float sc[2];
+        float mx = lm[n];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[n], mx);
+        sc[n] = mnew == -INFINITY ? 1.0f : ex2(m[n] - mnew);
+        m[n] = mnew;
+        l[n] *= sc[n];
+      }
+      // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r)
 #pragma unroll
-        for (int r = 0; r < 2; ++r) {
-          float mx = fmaxf(s[0][n][r], s[0][n][2 + r]);
-#pragma unroll
-          for (int kt = 1; kt < KT; ++kt) mx = fmaxf(mx, fmaxf(s[kt][n][r], s[kt][n][2 + r]));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-          const float mnew = fmaxf(m[n][r], mx);
-          sc[r] = mnew == -INFINITY ? 1.0f : ex2(m[n][r] - mnew);
-          m[n][r] = mnew;
-          l[n][r] *= sc[r];
-        }
+      for (int n = 0; n < NT; ++n) {
+        const float s0 = __shfl_sync(0xffffffffu, sc[n], 8 * t), s1 = __shfl_sync(0xffffffffu, sc[n], 8 * t + 4);
 #pragma unroll
         for (int mt = 0; mt < T::kMT; ++mt) {
-          o[mt][n][0] *= sc[0], o[mt][n][1] *= sc[1];
-          o[mt][n][2] *= sc[0], o[mt][n][3] *= sc[1];
+          o[mt][n][0] *= s0, o[mt][n][1] *= s1;
+          o[mt][n][2] *= s0, o[mt][n][3] *= s1;
         }
       }
     }
+    uint32_t bp[KT][NT][2];
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
+    for (int n = 0; n < NT; ++n) {
+      const float muse = m[n] == -INFINITY ? 0.0f : m[n];
 #pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const float muse = m[n][r] == -INFINITY ? 0.0f : m[n][r];
+      for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
-          s[kt][n][r] = ex2(s[kt][n][r] - muse);
-          s[kt][n][2 + r] = ex2(s[kt][n][2 + r] - muse);
-          l[n][r] += s[kt][n][r] + s[kt][n][2 + r];
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = ex2(s[kt][h][2 * n] - muse), p1 = ex2(s[kt][h][2 * n + 1] - muse);
+          l[n] += p0 + p1;
+          bp[kt][n][h] = pack_half2(p0, p1);
         }
-      }
-    const int src0 = 4 * t + (g >> 1), src1 = src0 + 16;
-    const uint32_t sel = (g & 1) ? 0x7632u : 0x5410u;
+    }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      uint32_t bp[NT][2];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const uint32_t h01 = pack_half2(s[kt][n][0], s[kt][n][1]);
-        const uint32_t h23 = pack_half2(s[kt][n][2], s[kt][n][3]);
-        const uint32_t x = __shfl_sync(0xffffffffu, h01, src0), y = __shfl_sync(0xffffffffu, h01, src1);
-        const uint32_t z = __shfl_sync(0xffffffffu, h23, src0), w = __shfl_sync(0xffffffffu, h23, src1);
-        bp[n][0] = prmt(x, y, sel);
-        bp[n][1] = prmt(z, w, sel);
-      }
 #pragma unroll
       for (int i = 0; i < T::kVSpt; ++i) {
         uint32_t vw[4][T::kVWps];
@@ -498,7 +507,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           const uint32_t a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
           const uint32_t a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
 #pragma unroll
-          for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[n][0], bp[n][1]);
+          for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[kt][n][0], bp[kt][n][1]);
         }
       }
     }
@@ -506,11 +515,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- coded tokens -------------------------------------------------------------------------
   if (has_code) {
-    load_qf(sQt);
+    load_qa(sQt);
     const int kw0 = (t * T::kKBits) >> 5, ksh = (t * T::kKBits) & 31;
     const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
     const int krs = p.k_row_stride, vrs = p.v_row_stride;
-    struct Tile {
+    struct Tile {  // k: tokens g, g + 8 of each k-tile; v: tokens vtok(0..3)
       uint32_t k[KT][2][T::kKW];
       uint32_t v[KT][4][T::kVW];
     };
@@ -527,7 +536,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int tok = base + kt * 16 + t + 4 * q;
+          const int tok = base + kt * 16 + vtok(q);
           if (tok < c1) load_words<T::kVW>(vcodes + int64_t(tok) * vrs + 4 * vw0, tl.v[kt][q]);
           else
 #pragma unroll
@@ -535,17 +544,17 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       }
     };
-    // One warp tile: scores (two accumulator chains over the sub-vectors for ILP), masks,
-    // softmax and P·V̂, from the codes in `cur`.
+    // One warp tile: scores (two accumulator chains per 8 tokens for ILP), masks, softmax and
+    // P·V̂, from the codes in `cur`.
     auto process = [&](const Tile& cur, int base) {
-      float s[KT][NT][4];
+      float s[KT][2][4];
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
-        float s1[NT][4];
+        float s1[2][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[kt][n][e] = 0.0f, s1[n][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
         uint32_t a0[T::kKA], a1[T::kKA];
         if constexpr (T::kKAligned) {
 #pragma unroll
@@ -562,21 +571,25 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
-#pragma unroll
-            for (int n = 0; n < NT; ++n) {
-              if (ks & 1)
-                mma_f16(s1[n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
-                        qf[n][ks][1]);
-              else
-                mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
-                        qf[n][ks][1]);
+            const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
+            if (ks & 1) {
+              mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+              mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+            } else {
+              mma_f16(s[kt][0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+              mma_f16(s[kt][1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
             }
           }
         }
 #pragma unroll
-        for (int n = 0; n < NT; ++n)
+        for (int h = 0; h < 2; ++h) {
+          if constexpr (NT == 2) {
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[kt][n][e] += s1[n][e];
+            for (int e = 0; e < 4; ++e) s[kt][h][e] += s1[h][e];
+          } else {  // odd k-steps ran as rows g + 8
+            s[kt][h][0] += s1[h][2], s[kt][h][1] += s1[h][3];
+          }
+        }
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
@@ -631,8 +644,22 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         if (base < c1) {
           const int ntok = min(T::kWarpTok, c1 - base);
           const uint32_t st = ring_s + (j % PIPE) * T::kStageBytes;
-          warp_copy_async(st, kcodes + int64_t(base) * T::kKRow, ntok * T::kKRow, lane);
-          warp_copy_async(st + 16 * KT * T::kKRow, vcodes + int64_t(base) * T::kVRow, ntok * T::kVRow, lane);
+          const uint8_t* ks_ = kcodes + int64_t(base) * T::kKRow;
+          const uint8_t* vs_ = vcodes + int64_t(base) * T::kVRow;
+          constexpr int kKB = T::kWarpTok * T::kKRow, kVB = T::kWarpTok * T::kVRow;
+          if (ntok == T::kWarpTok && ((reinterpret_cast<uintptr_t>(ks_) | reinterpret_cast<uintptr_t>(vs_)) & 15) == 0) {
+            // the common case: a whole tile, 16-byte aligned, as a fixed run of 16-byte copies
+#pragma unroll
+            for (int o = 0; o < kKB; o += 512)
+              if (kKB % 512 == 0 || o + lane * 16 < kKB) cp_async16(st + o + lane * 16, ks_ + o + lane * 16);
+#pragma unroll
+            for (int o = 0; o < kVB; o += 512)
+              if (kVB % 512 == 0 || o + lane * 16 < kVB)
+                cp_async16(st + 16 * KT * T::kKRow + o + lane * 16, vs_ + o + lane * 16);
+          } else {
+            warp_copy_async(st, ks_, ntok * T::kKRow, lane);
+            warp_copy_async(st + 16 * KT * T::kKRow, vs_, ntok * T::kVRow, lane);
+          }
         }
         cp_async_commit();
       };
@@ -654,7 +681,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
-                                                                  (kt * 16 + t + 4 * q) * T::kVRow) + vw0;
+                                                                  (kt * 16 + vtok(q)) * T::kVRow) + vw0;
 #pragma unroll
             for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
           }
@@ -681,16 +708,19 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
   if (w1 > w0) {
-    load_qf(sQr);
+    load_qa(sQr);
     const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
     const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
     auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
     for (int base = w0 + warp * T::kWarpTok; base < w1; base += T::kBlockTok) {
-      float s[KT][NT][4];
+      float s[KT][2][4];
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
+        float s1[2][4];
 #pragma unroll
-        for (int n = 0; n < NT; ++n) s[kt][n][0] = s[kt][n][1] = s[kt][n][2] = s[kt][n][3] = 0.0f;
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
         const int p0 = base + kt * 16 + g, p1 = p0 + 8;
         const uint16_t* r0 = kwin + slot(min(p0, w1 - 1)) * D;
         const uint16_t* r1 = kwin + slot(min(p1, w1 - 1)) * D;
@@ -703,11 +733,19 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
-#pragma unroll
-            for (int n = 0; n < NT; ++n)
-              mma_f16(s[kt][n], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qf[n][ks][0],
-                      qf[n][ks][1]);
+            const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
+            if (NT == 1 && (ks & 1)) {
+              mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+              mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+            } else {
+              mma_f16(s[kt][0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+              mma_f16(s[kt][1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+            }
           }
+        }
+        if constexpr (NT == 1) {
+#pragma unroll
+          for (int h = 0; h < 2; ++h) s[kt][h][0] += s1[h][2], s[kt][h][1] += s1[h][3];
         }
       }
       mask_scores(s, base, w1);
@@ -715,7 +753,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         const int d0 = (g * T::kVSpt + i) * VS;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
-          const int pos = base + kt * 16 + t + 4 * q;
+          const int pos = base + kt * 16 + vtok(q);
           ldg_row<T::kEV>(vwin + slot(min(pos, w1 - 1)) * D + d0, p.win_bf16, pos < w1, vw[q]);
         }
       });
@@ -724,25 +762,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- block combine: warps → one (max, sum, O) per row ------------------------------------
 #pragma unroll
-  for (int n = 0; n < NT; ++n)
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 4);
-      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 8);
-      l[n][r] += __shfl_xor_sync(0xffffffffu, l[n][r], 16);
-    }
+  for (int n = 0; n < NT; ++n) {  // a row's sum is spread over its quad
+    l[n] += __shfl_xor_sync(0xffffffffu, l[n], 1);
+    l[n] += __shfl_xor_sync(0xffffffffu, l[n], 2);
+  }
   __syncthreads();  // the codebooks are dead: reuse their space
   float* const co = reinterpret_cast<float*>(smem);  // [warps][rows][kCoStride]
   float* const cm = co + T::kWarps * kRows * T::kCoStride;
   float* const cl = cm + T::kWarps * kRows;
-  if (g == 0) {
+  if (t == 0) {
 #pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        cm[warp * kRows + n * 8 + 2 * t + r] = m[n][r];
-        cl[warp * kRows + n * 8 + 2 * t + r] = l[n][r];
-      }
+    for (int n = 0; n < NT; ++n) {
+      cm[warp * kRows + n * 8 + g] = m[n];
+      cl[warp * kRows + n * 8 + g] = l[n];
+    }
   }
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt) {
