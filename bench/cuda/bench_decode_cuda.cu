@@ -223,7 +223,7 @@ struct Row {
 int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
-  bool quick = false, skip_encode = false, skip_step = false, noflush = false;
+  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -234,6 +234,7 @@ int main(int argc, char** argv) {
     else if (a == "--skip-encode") skip_encode = true;
     else if (a == "--skip-step") skip_step = true;
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
+    else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   if (!cuda_is_available()) {
@@ -392,6 +393,47 @@ int main(int argc, char** argv) {
       if (r >= 3) t.push_back(ms);
     }
     const double us = median(t) * 1e3;
+    if (profile && !fp) {
+      // One more launch with phase stamps: where a block's time goes (clock64 per phase, SM
+      // clock from the driver) and how the blocks spread in time (globaltimer).
+      const int nblk = S * kKV * B;
+      unsigned long long* dprof = nullptr;
+      CK(cudaMalloc(&dprof, size_t(nblk) * cuda::kAttnProfSlots * 8));
+      CK(cudaMemset(dprof, 0, size_t(nblk) * cuda::kAttnProfSlots * 8));
+      if (!noflush) CK(cudaMemsetAsync(flush, 7, flush_bytes));
+      cuda::AttnParams pp = p;
+      pp.prof = dprof;
+      launch(pp);
+      CK(cudaDeviceSynchronize());
+      std::vector<unsigned long long> h(size_t(nblk) * cuda::kAttnProfSlots);
+      CK(cudaMemcpy(h.data(), dprof, h.size() * 8, cudaMemcpyDeviceToHost));
+      CK(cudaFree(dprof));
+      int khz = 0;
+      CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
+      const char* names[] = {"setup", "coded loop (warp 0)", "window (warp 0)", "wait for all warps",
+                             "combine + partial write", "fence + arrival", "merge (last block)"};
+      unsigned long long g0 = ~0ull, g1 = 0, e1 = 0;
+      for (int i = 0; i < nblk; ++i) {
+        const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
+        g0 = std::min(g0, r[8]), g1 = std::max(g1, r[9]), e1 = std::max(e1, r[8]);
+      }
+      std::printf("  profile (%d blocks, SM clock %.2f GHz nominal): first entry -> last exit %.1f us, entries spread %.1f us\n",
+                  nblk, khz / 1e6, (g1 - g0) / 1e3, (e1 - g0) / 1e3);
+      for (int k = 0; k < 7; ++k) {
+        std::vector<double> d;
+        for (int i = 0; i < nblk; ++i) {
+          const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
+          // S == 1: no arrival stamp, phase 5 runs to the exit
+          const int next = (k == 5 && S == 1) ? 7 : k + 1;
+          if (k == 6 && S == 1) continue;
+          if (r[next] == 0 || r[k] == 0) continue;
+          d.push_back(double(r[next] - r[k]) / (khz / 1e3));
+        }
+        if (d.empty()) continue;
+        std::sort(d.begin(), d.end());
+        std::printf("    %-26s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
+      }
+    }
     const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
     const double bytes = double(nbh) * (double(n_code) * (krs + vrs) + double(n_win) * kD * 2 * 2) +
                          2.0 * B * kH * kD * 2;
@@ -498,8 +540,18 @@ int main(int argc, char** argv) {
       e.residual_length = 0;
       e.error_flag = err;
       e.sides = side;
+      // every bulk kernel (EncodeParams::bulk_variant: 1 default, 2 eight slots per lane, 0 the
+      // previous kernel) on the same data, back to back: same-run ratios
+      std::vector<uint8_t> first_all;  // the whole code buffer of the first variant
+      for (const int variant : {1, 2, 0}) {
+      e.bulk_variant = variant;
+      CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
       cuda::encode_launch(e, false, nullptr);
       CK(cudaDeviceSynchronize());
+      std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
+      CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
+      if (first_all.empty()) first_all = all;
+      const bool same_all = all == first_all;
       // validate the first 256 token-heads against the CPU encoder (exact)
       const int nchk = 256;
       std::vector<uint16_t> xh(size_t(nchk) * kD);
@@ -541,12 +593,14 @@ int main(int argc, char** argv) {
       }
       const double us1 = median(t1) * 1e3;
       const std::string nm = std::string(side == 1 ? "keys " : "values ") + "d" + std::to_string(sub) + "b" +
-                             std::to_string(bits);
-      std::printf("encode %-14s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder); "
-                  "decode step (64 token-heads): %.1f us\n",
-                  nm.c_str(), us, rate / 1e6, (long long)bad, nchk, us1);
+                             std::to_string(bits) + " v" + std::to_string(variant);
+      std::printf("encode %-17s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder; "
+                  "all %d rows %s the first variant's); decode step (64 token-heads): %.1f us\n",
+                  nm.c_str(), us, rate / 1e6, (long long)bad, nchk, B * kKV * n, same_all ? "equal" : "DIFFER FROM",
+                  us1);
       enc_rows.push_back({nm, rate});
-      all_valid &= bad == 0;
+      all_valid &= bad == 0 && same_all;
+      }
       for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
     }
 

@@ -38,6 +38,7 @@
 
 #include <cfloat>
 #include <climits>
+#include <type_traits>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
@@ -97,9 +98,9 @@ struct AttnTraits {
   // (cp.async), PIPE − 1 tiles ahead; PIPE = 0: one tile ahead in registers
   static constexpr int kStageBytes = 16 * KT * (kKRow + kVRow);
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
-  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + 64;
+  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + kRows * 4 + 64;  // + merge row sums + flag
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
-  static constexpr int kCbBudget = (MINB == 1 ? 200 * 1024 : 100 * 1024) - kRingBytes - kQBytes;
+  static constexpr int kCbBudget = (MINB == 1 ? 200 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
   static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
   static constexpr int kRK = kCopies.k, kRV = kCopies.v;
   static constexpr int kGK = kPK / kRK, kGV = kPV / kRV;  // bank groups per copy
@@ -109,8 +110,19 @@ struct AttnTraits {
   static constexpr int kCoStride = D + 4;
   static constexpr int kCombineBytes = (kWarps * kRows * kCoStride + 2 * kWarps * kRows) * 4;
   static constexpr int kRegion = ((kCbBytes > kCombineBytes ? kCbBytes : kCombineBytes) + 15) / 16 * 16;
-  static constexpr int kSmem = kRegion + kRingBytes + kQBytes;
+  // One-instruction lookups (8-bit codes, one 128-byte row of copies per entry): the key and
+  // value rows interleave into 256-byte rows (keys in bytes 0..127, values in 128..255) of a
+  // 64 KB region placed at a 64 KB-aligned shared-window address, so an entry's address is
+  // the code byte permuted into byte 1 of the lane's base (one PRMT, no multiply-add). The
+  // region follows the first window boundary past the dynamic base (0x400 on sm_80/sm_90,
+  // after the 1 KB the driver reserves); the query buffers use the gap before it.
+  static constexpr bool kPrmt = MINB == 1 && KB == 8 && VB == 8 && kGK == 1 && kGV == 1 && kNK == 256 && kNV == 256 &&
+                                kRK * kEK == 128 && kRV * kEV == 128;
+  static constexpr int kCbRow = kPrmt ? 256 : 128;
+  static constexpr int kPrmtTail = kRingBytes > kCombineBytes - 65536 ? kRingBytes : kCombineBytes - 65536;
+  static constexpr int kSmem = kPrmt ? 0xFC00 + 65536 + kPrmtTail : kRegion + kRingBytes + kQBytes;
   static_assert(kCbBytes <= kCbBudget || (kRK == 1 && kRV == 1), "codebooks do not fit");
+  static_assert(!kPrmt || kQBytes <= 0xFC00, "query buffers must fit before the codebook window");
 };
 
 // ---- cp.async (sm_80+): global → shared without registers ------------------------------------
@@ -198,14 +210,11 @@ __device__ __forceinline__ void lds_entry_s(uint32_t a, uint32_t (&w)[E / 4]) {
   }
 }
 
-/// Loads E bytes of a window row (fp16, or bf16 converted to fp16) as fp16 words.
-template <int E>
-__device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool valid, uint32_t (&w)[E / 4]) {
-  if (!valid) {
-#pragma unroll
-    for (int j = 0; j < E / 4; ++j) w[j] = 0;
-    return;
-  }
+/// Loads E bytes of a window row (fp16, or bf16 converted to fp16) as fp16 words; zeros where
+/// !valid. Branch-free (the row address must be readable either way), so the compiler can
+/// issue every load of a tile before the first use: the window is latency-bound otherwise.
+template <int E, bool BF16>
+__device__ __forceinline__ void ldg_row(const uint16_t* row, bool valid, uint32_t (&w)[E / 4]) {
   if constexpr (E == 8) {
     const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
     w[0] = v.x, w[1] = v.y;
@@ -213,9 +222,10 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, int bf16, bool vali
     const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
     w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
   }
-  if (bf16) {
 #pragma unroll
-    for (int j = 0; j < E / 4; ++j) w[j] = bf16x2_to_f16x2(w[j]);
+  for (int j = 0; j < E / 4; ++j) {
+    if constexpr (BF16) w[j] = bf16x2_to_f16x2(w[j]);
+    w[j] = valid ? w[j] : 0u;
   }
 }
 
@@ -224,20 +234,82 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
-  unsigned char* const sK = smem;
-  unsigned char* const sV = smem + T::kKcbBytes;
-  unsigned char* const sRing = smem + T::kRegion;                      // [W][PIPE][stage]
-  __half* const sQt = reinterpret_cast<__half*>(smem + T::kRegion + T::kRingBytes);  // [kRows][D] q̃·scale
+  // region: codebooks, later the block combine; ring: per-warp code stages; then the queries
+  unsigned char *region = smem, *sRing = smem + T::kRegion, *sQbuf = smem + T::kRegion + T::kRingBytes;
+  if constexpr (T::kPrmt) {
+    const uint32_t sb = uint32_t(__cvta_generic_to_shared(smem));
+    const uint32_t off = ((sb + 0xFFFFu) & ~0xFFFFu) - sb;
+    region = smem + off;
+    sRing = region + 65536;
+    sQbuf = off >= uint32_t(T::kQBytes) ? smem : sRing + T::kPrmtTail;
+    if (off + 65536u + T::kPrmtTail + (off >= uint32_t(T::kQBytes) ? 0u : uint32_t(T::kQBytes)) > uint32_t(T::kSmem))
+      __trap();  // a dynamic shared base this layout was not sized for
+  }
+  unsigned char* const sK = region;
+  unsigned char* const sV = region + (T::kPrmt ? 128 : T::kKcbBytes);
+  __half* const sQt = reinterpret_cast<__half*>(sQbuf);                // [kRows][D] q̃·scale
   __half* const sQr = sQt + kRows * D;                                 // [kRows][D] q·scale
   float* const sQw = reinterpret_cast<float*>(sQr + kRows * D);        // [kRows][D] scratch
-  int* const sFlag = reinterpret_cast<int*>(sQw + kRows * D);
+  int* const sFlag = reinterpret_cast<int*>(sQw + kRows * D + kRows);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   const int split = blockIdx.x, S = p.n_splits;
+  // diagnosis (bench --profile): clock64 at the phase boundaries, globaltimer at entry and exit
+  unsigned long long* const prof =
+      p.prof ? p.prof + (int64_t(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kAttnProfSlots
+             : nullptr;
+  auto stamp = [&](int k) {
+    if (prof && tid == 0) prof[k] = clock64();
+  };
+  if (prof && tid == 0) {
+    unsigned long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    prof[8] = gt;
+  }
+  stamp(0);
   const int kvh = blockIdx.y / p.n_row_chunks, rchunk = blockIdx.y % p.n_row_chunks, b = blockIdx.z;
   const int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
   const int G = p.n_heads / p.n_kv_heads;
   const int rows_total = G * p.q_len;
+
+  // ---- setup loads, all issued before any is used (one memory round trip, not three) -------
+  // The codebook entries this thread will replicate (none for the fp16 cache's launches).
+  constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
+  uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
+  if (p.k_cb16 && p.v_cb16) {
+#pragma unroll
+    for (int i = 0; i < kKPer; ++i) {
+      const int c = tid + i * T::kThreads;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + min(c, T::kNK - 1) * KS);
+#pragma unroll
+      for (int j = 0; j < T::kEK / 4; ++j) kreg[i][j] = __ldg(src + j);
+    }
+#pragma unroll
+    for (int i = 0; i < kVPer; ++i) {
+      const int c = tid + i * T::kThreads;
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + min(c, T::kNV - 1) * VS);
+#pragma unroll
+      for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] = __ldg(src + j);
+    }
+  }
+
+  // This warp's query rows (warp + k·W), kQE consecutive elements per lane, raw and λ.
+  constexpr int kQE = D / 32, kQRowsPerWarp = (kRows + T::kWarps - 1) / T::kWarps;
+  float qx[kQRowsPerWarp][kQE], ql[kQRowsPerWarp][kQE];
+#pragma unroll
+  for (int k = 0; k < kQRowsPerWarp; ++k) {
+    const int r = warp + k * T::kWarps, gr = rchunk * kRows + r;
+    const bool live = r < kRows && gr < rows_total;
+    const int qi = live ? gr / G : 0, h = kvh * G + (live ? gr % G : 0);
+#pragma unroll
+    for (int j = 0; j < kQE; ++j) {
+      const int d = lane * kQE + j;
+      qx[k][j] = live ? load_f(p.q.data, p.q.dtype,
+                               b * p.q.stride[0] + h * p.q.stride[1] + qi * p.q.stride[2] + d * p.q.stride[3])
+                      : 0.0f;
+      ql[k][j] = p.lambda ? p.lambda[kvh * D + d] : 1.0f;
+    }
+  }
 
   // ---- lengths, visibility, this block's share ---------------------------------------------
   const int L = p.seq_len[b] + p.n_new;
@@ -288,54 +360,58 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     prefetch_l2(kcodes + int64_t(c0) * p.k_row_stride, uint32_t(e - c0) * p.k_row_stride);
     prefetch_l2(vcodes + int64_t(c0) * p.v_row_stride, uint32_t(e - c0) * p.v_row_stride);
   }
-
-  // The codebook entries this thread will replicate, loaded now so the fetch overlaps the
-  // query transform below.
-  constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
-  uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
-  if (has_code) {
-#pragma unroll
-    for (int i = 0; i < kKPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + min(c, T::kNK - 1) * KS);
-#pragma unroll
-      for (int j = 0; j < T::kEK / 4; ++j) kreg[i][j] = __ldg(src + j);
-    }
-#pragma unroll
-    for (int i = 0; i < kVPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + min(c, T::kNV - 1) * VS);
-#pragma unroll
-      for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] = __ldg(src + j);
+  if (w1 > w0 && !p.win_all && tid == 32) {  // the residual window rows: read last, latency-bound
+    const int64_t row0 = bh * p.win_cap;
+    const int n = min(w1 - w0, 1024), s0 = p.win_ring ? w0 % p.win_cap : w0;
+    const int first = p.win_ring ? min(n, int(p.win_cap) - s0) : n;
+    const uint16_t* kw = static_cast<const uint16_t*>(p.k_win) + row0 * D;
+    const uint16_t* vw = static_cast<const uint16_t*>(p.v_win) + row0 * D;
+    prefetch_l2(kw + int64_t(s0) * D, uint32_t(first) * D * 2);
+    prefetch_l2(vw + int64_t(s0) * D, uint32_t(first) * D * 2);
+    if (first < n) {
+      prefetch_l2(kw, uint32_t(n - first) * D * 2);
+      prefetch_l2(vw, uint32_t(n - first) * D * 2);
     }
   }
 
   // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
-  for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
-    const int r = idx / D, d = idx % D, gr = rchunk * kRows + r;
-    float x = 0.0f;
-    if (gr < rows_total) {
-      const int qi = gr / G, h = kvh * G + gr % G;
-      x = load_f(p.q.data, p.q.dtype,
-                 b * p.q.stride[0] + h * p.q.stride[1] + qi * p.q.stride[2] + d * p.q.stride[3]);
-    }
-    sQr[idx] = __float2half_rn(x * p.scale_log2);
-    sQw[idx] = p.lambda ? x * p.lambda[kvh * D + d] : x;
-  }
-  __syncthreads();
-  if (p.use_hadamard) {
-    for (int h = 1; h < D; h <<= 1) {
-      for (int i = tid; i < kRows * D / 2; i += T::kThreads) {
-        const int r = i / (D / 2), j = i % (D / 2);
-        const int i0 = r * D + (j / h) * 2 * h + (j % h);
-        const float a = sQw[i0], c = sQw[i0 + h];
-        sQw[i0] = a + c, sQw[i0 + h] = a - c;
+  // One warp per row, kQE consecutive elements per lane: the Walsh–Hadamard butterflies run in
+  // registers and shuffles, with no block barrier per stage.
+  {
+    const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
+#pragma unroll
+    for (int k = 0; k < kQRowsPerWarp; ++k) {
+      const int r = warp + k * T::kWarps;
+      if (r < kRows) {
+        float y[kQE];
+#pragma unroll
+        for (int j = 0; j < kQE; ++j) {
+          const int d = lane * kQE + j;
+          sQr[r * D + d] = __float2half_rn(qx[k][j] * p.scale_log2);
+          y[j] = qx[k][j] * ql[k][j];
+        }
+        if (p.use_hadamard) {
+#pragma unroll
+          for (int h = 1; h < kQE; h <<= 1)
+#pragma unroll
+            for (int j = 0; j < kQE; ++j)
+              if ((j & h) == 0) {
+                const float a = y[j], c = y[j + h];
+                y[j] = a + c, y[j + h] = a - c;
+              }
+#pragma unroll
+          for (int m = 1; m < 32; m <<= 1)
+#pragma unroll
+            for (int j = 0; j < kQE; ++j) {
+              const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
+              y[j] = (lane & m) ? o - y[j] : y[j] + o;
+            }
+        }
+#pragma unroll
+        for (int j = 0; j < kQE; ++j) sQt[r * D + lane * kQE + j] = __float2half_rn(y[j] * qscale);
       }
-      __syncthreads();
     }
   }
-  const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
-  for (int idx = tid; idx < kRows * D; idx += T::kThreads) sQt[idx] = __float2half_rn(sQw[idx] * qscale);
 
   // ---- codebooks into shared memory, replicated (loads issued before the query work) -------
   if (has_code) {
@@ -346,7 +422,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int cp = 0; cp < T::kRK; ++cp) {
         if (c >= T::kNK) break;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(sK + row * 128 + (cp * T::kGK + col) * T::kEK);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(sK + row * T::kCbRow + (cp * T::kGK + col) * T::kEK);
 #pragma unroll
         for (int j = 0; j < T::kEK / 4; ++j) dst[j] = kreg[i][j];
       }
@@ -358,13 +434,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int cp = 0; cp < T::kRV; ++cp) {
         if (c >= T::kNV) break;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(sV + row * 128 + (cp * T::kGV + col) * T::kEV);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(sV + row * T::kCbRow + (cp * T::kGV + col) * T::kEV);
 #pragma unroll
         for (int j = 0; j < T::kEV / 4; ++j) dst[j] = vreg[i][j];
       }
     }
   }
   __syncthreads();
+  stamp(1);
 
   // ---- per-warp state -----------------------------------------------------------------------
   // Scores run as Sᵀ[16 rows × 8 tokens] = q̃ · K̃ᵀ: the queries are the MMA's A operand (a
@@ -413,12 +490,21 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   const uint32_t k_base = uint32_t(__cvta_generic_to_shared(sK)) + uint32_t(k_off);
   const uint32_t v_base = uint32_t(__cvta_generic_to_shared(sV)) + uint32_t(v_off);
   auto k_addr = [&](uint32_t c) -> uint32_t {
-    if constexpr (T::kGK == 1) return c * 128u + k_base;
+    if constexpr (T::kGK == 1) return c * uint32_t(T::kCbRow) + k_base;
     else return (c / T::kGK) * 128u + (c % T::kGK) * uint32_t(T::kEK) + k_base;
   };
   auto v_addr = [&](uint32_t c) -> uint32_t {
-    if constexpr (T::kGV == 1) return c * 128u + v_base;
+    if constexpr (T::kGV == 1) return c * uint32_t(T::kCbRow) + v_base;
     else return (c / T::kGV) * 128u + (c % T::kGV) * uint32_t(T::kEV) + v_base;
+  };
+  // Shared address of the entry of code i in a realigned code stream: one PRMT in kPrmt mode.
+  auto k_at = [&](const auto& a, int i) -> uint32_t {
+    if constexpr (T::kPrmt) return __byte_perm(a[i >> 2], k_base, 0x7604u | (uint32_t(i & 3) << 4));
+    else return k_addr(code_at<KB>(a, i));
+  };
+  auto v_at = [&](const auto& a, int i) -> uint32_t {
+    if constexpr (T::kPrmt) return __byte_perm(a[i >> 2], v_base, 0x7604u | (uint32_t(i & 3) << 4));
+    else return v_addr(code_at<VB>(a, i));
   };
   // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
   auto vtok = [&](int q) -> int { return 2 * t + (q & 1) + 8 * (q >> 1); };
@@ -566,8 +652,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int i = 0; i < T::kKSpt; ++i) {
           uint32_t e0[KS / 2], e1[KS / 2];
-          lds_entry_s<T::kEK>(k_addr(code_at<KB>(a0, i)), e0);
-          lds_entry_s<T::kEK>(k_addr(code_at<KB>(a1, i)), e1);
+          lds_entry_s<T::kEK>(k_at(a0, i), e0);
+          lds_entry_s<T::kEK>(k_at(a1, i), e1);
 #pragma unroll
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
@@ -603,7 +689,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
             realign(cur.v[kt][q], vsh, a);
           }
-          lds_entry_s<T::kEV>(v_addr(code_at<VB>(a, i)), vw[q]);
+          lds_entry_s<T::kEV>(v_at(a, i), vw[q]);
         }
       });
     };
@@ -706,8 +792,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   }
 
+  stamp(2);
   // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
-  if (w1 > w0) {
+  auto window_tokens = [&](auto bf16_tag) {
+    constexpr bool kBf16 = decltype(bf16_tag)::value;
     load_qa(sQr);
     const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
     const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
@@ -728,8 +816,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         for (int i = 0; i < T::kKSpt; ++i) {
           const int d0 = (t * T::kKSpt + i) * KS;
           uint32_t e0[KS / 2], e1[KS / 2];
-          ldg_row<T::kEK>(r0 + d0, p.win_bf16, p0 < w1, e0);
-          ldg_row<T::kEK>(r1 + d0, p.win_bf16, p1 < w1, e1);
+          ldg_row<T::kEK, kBf16>(r0 + d0, p0 < w1, e0);
+          ldg_row<T::kEK, kBf16>(r1 + d0, p1 < w1, e1);
 #pragma unroll
           for (int part = 0; part < T::kKStepsPerSub; ++part) {
             const int ks = i * T::kKStepsPerSub + part;
@@ -754,12 +842,18 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int pos = base + kt * 16 + vtok(q);
-          ldg_row<T::kEV>(vwin + slot(min(pos, w1 - 1)) * D + d0, p.win_bf16, pos < w1, vw[q]);
+          ldg_row<T::kEV, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
         }
       });
     }
+  };
+  if (w1 > w0) {
+    if (p.win_bf16) window_tokens(std::true_type{});
+    else window_tokens(std::false_type{});
   }
 
+
+  stamp(3);
   // ---- block combine: warps → one (max, sum, O) per row ------------------------------------
 #pragma unroll
   for (int n = 0; n < NT; ++n) {  // a row's sum is spread over its quad
@@ -767,7 +861,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     l[n] += __shfl_xor_sync(0xffffffffu, l[n], 2);
   }
   __syncthreads();  // the codebooks are dead: reuse their space
-  float* const co = reinterpret_cast<float*>(smem);  // [warps][rows][kCoStride]
+  stamp(4);
+  float* const co = reinterpret_cast<float*>(region);  // [warps][rows][kCoStride]
   float* const cm = co + T::kWarps * kRows * T::kCoStride;
   float* const cl = cm + T::kWarps * kRows;
   if (t == 0) {
@@ -822,6 +917,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   // ---- split merge by the last block of the segment -----------------------------------------
+  stamp(5);
   bool seg_done = (S == 1);
   if (S > 1) {
     __threadfence();
@@ -829,21 +925,30 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     if (tid == 0) sFlag[0] = (atomicAdd(&p.counters[seg], 1) == S - 1);
     __syncthreads();
     seg_done = sFlag[0] != 0;
+    stamp(6);
     if (seg_done) {
       __threadfence();
-      float* const wts = sQw;                // [S][kRows]
-      float* const ltot = sQw + 32 * kRows;  // [kRows] (n_splits <= 32)
+      // Latency matters here (the merge is the tail of every split launch): every (split, row)
+      // statistic is fetched in one parallel round, and each output element issues all of its
+      // S partial loads before using any.
+      float* const wts = sQw;                  // [S][kRows]
+      float* const sl_l = sQw + 32 * kRows;    // [S][kRows]
+      float* const ltot = sQw + 64 * kRows;    // [kRows]   (n_splits <= 32; D >= 64 plus kRows spare)
+      for (int i = tid; i < S * kRows; i += T::kThreads) {
+        const int64_t sl = int64_t(seg) * S * kRows + i;
+        wts[i] = __ldcg(p.ws_ml + sl * 2);
+        sl_l[i] = __ldcg(p.ws_ml + sl * 2 + 1);
+      }
+      __syncthreads();
       for (int row = tid; row < kRows; row += T::kThreads) {
         float M = -INFINITY;
-        for (int s2 = 0; s2 < S; ++s2)
-          M = fmaxf(M, __ldcg(p.ws_ml + ((int64_t(seg) * S + s2) * kRows + row) * 2));
+        for (int s2 = 0; s2 < S; ++s2) M = fmaxf(M, wts[s2 * kRows + row]);
         const float Mu = M == -INFINITY ? 0.0f : M;
         float lt = 0.0f;
         for (int s2 = 0; s2 < S; ++s2) {
-          const int64_t sl = (int64_t(seg) * S + s2) * kRows + row;
-          const float f = ex2(__ldcg(p.ws_ml + sl * 2) - Mu);
+          const float f = ex2(wts[s2 * kRows + row] - Mu);
           wts[s2 * kRows + row] = f;
-          lt += __ldcg(p.ws_ml + sl * 2 + 1) * f;
+          lt += sl_l[s2 * kRows + row] * f;
         }
         ltot[row] = lt;
       }
@@ -851,16 +956,26 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
         const int row = idx / D, d = idx % D;
         if (rchunk * kRows + row >= rows_total) continue;
-        float acc = 0.0f;
         const float* src = p.ws_o + (int64_t(seg) * S * kRows + row) * D + d;
-#pragma unroll 8
-        for (int s2 = 0; s2 < S; ++s2) acc += __ldcg(src + int64_t(s2) * kRows * D) * wts[s2 * kRows + row];
+        float part[32];
+#pragma unroll
+        for (int s2 = 0; s2 < 32; ++s2) part[s2] = s2 < S ? __ldcg(src + int64_t(s2) * kRows * D) : 0.0f;
+        float acc = 0.0f;
+#pragma unroll
+        for (int s2 = 0; s2 < 32; ++s2)
+          if (s2 < S) acc += part[s2] * wts[s2 * kRows + row];
         write_out(row, d, ltot[row] > 0.0f ? acc / ltot[row] : 0.0f);
       }
       if (tid == 0) p.counters[seg] = 0;
     }
   }
 
+  stamp(7);
+  if (prof && tid == 0) {
+    unsigned long long gt;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    prof[9] = gt;
+  }
   // ---- decode step: the very last segment advances the lengths ------------------------------
   if (p.advance && seg_done && tid == 0) {
     __threadfence();

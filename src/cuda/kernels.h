@@ -77,7 +77,11 @@ struct AttnParams {
   float* ws_ml = nullptr; ///< [segments, n_splits, rows, 2] (max, sum) in log2 units
   int* counters = nullptr;     ///< [segments] arrival counters (zero between launches)
   int* done_counter = nullptr; ///< [1] finished segments (zero between launches)
+  /// Diagnosis only (bench --profile): per block, kAttnProfSlots clock64/globaltimer stamps of
+  /// the phases (see vq_attn_kernel); null in every library call.
+  unsigned long long* prof = nullptr;
 };
+constexpr int kAttnProfSlots = 10;
 
 /// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
 struct AttnConfigKey {
@@ -151,6 +155,11 @@ struct EncodeParams {
   int residual_length = 0;
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
   int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
+  int bulk_variant = 1;       ///< throughput mode only (decode mode always runs the split scan):
+                              ///< 1: transform in registers, packed chunk keys, per-lane score
+                              ///< offset, 4 sub-vectors per lane (the default); 2: the same with
+                              ///< 8 per lane; 0: the previous kernel (same codes; kept for
+                              ///< same-run comparisons)
 };
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
