@@ -23,6 +23,7 @@
 // best of the 8 exact answers (ties to the lower slice, i.e. the lower index).
 #include <algorithm>
 #include <cfloat>
+#include <climits>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
@@ -374,6 +375,372 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   }
 }
 
+// ---- throughput mode, v2 (EncodeParams::bulk_variant = 1) ----------------------------------
+// Same contract and arithmetic as vq_encode_kernel in throughput mode, fewer instructions per
+// token-head:
+//  * The FWHT runs in registers. Slot s of lane l holds sub-vector g mod n_sub of the job's
+//    token g / n_sub (g = 32·s + l), so butterflies of span h < sub_dim stay inside a slot,
+//    spans up to 32·sub_dim are one shuffle + one FFMA (fma(±1, mine, partner) rounds exactly
+//    as the CPU's a + b / a − b), and larger spans pair two slots of the lane.
+//  * Scores are made non-negative by a per-lane offset O = 4·max_s||x_s||·cmax + 2·cmax²
+//    (O + 2x·c − ||c||² ≥ 2||x||·cmax + cmax² ≥ 0), so their float order is the integer order of
+//    their bits: the max of a chunk of 8 scores takes 3-input integer max instructions, and the
+//    best two chunks are tracked as keys (score bits with the low idb bits replaced by the
+//    chunk number): one LOP3 + three IMNMX per chunk, no branches, no float compares.
+//  * The bound on the fast score's error is the previous kernel's, widened by the offset (every
+//    partial sum now carries O): margin = 8(2d + 5)·u·(R² + 2·O). A key bounds its chunk's max
+//    from below (low bits cleared) and the others' from above (low bits set); when a second
+//    chunk may hold a score within the margin of the best, the lane scans every centroid with
+//    the oracle (rare). Otherwise only chunk b1 can hold candidates: its 8 fast scores are
+//    recomputed bit for bit, and when a single one lies within the margin it is the oracle's
+//    argmin (the CPU search's rule); else the oracle re-ranks the chunk (ties: lowest index).
+template <int SD>
+__device__ __forceinline__ float fast_score(const float (&x)[SD], const float* cb2, int c, float off) {
+  float v[SD];
+  load_centroid<SD>(cb2, c, v);
+  float d = off;
+#pragma unroll
+  for (int j = 0; j < SD; ++j) d = __fmaf_rn(x[j], v[j], d);
+  return d;
+}
+
+/// Position of token th0 + tt given the position of th0 (tt small: a few wrap steps at most).
+__device__ __forceinline__ Pos pos_after(Pos q, int tt, int n_kv_heads, int n) {
+  int i = q.i + tt;
+  while (i >= n) {
+    i -= n;
+    if (++q.kvh == n_kv_heads) q.kvh = 0, ++q.b;
+  }
+  q.i = i;
+  return q;
+}
+
+template <int D, int SD, int SPL>
+__global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL * SD <= 32 ? 2 : 1))
+    vq_encode_bulk_kernel(const EncodeParams p) {
+  constexpr int kNSub = D / SD;
+  constexpr int TPJ = 32 * SPL / kNSub;
+  constexpr int kChunk = 8;
+  static_assert(TPJ >= 1 && (32 * SPL) % kNSub == 0, "slots must cover whole tokens");
+  extern __shared__ __align__(16) unsigned char smem[];
+  const bool keys = blockIdx.y == 0;
+  const Side sd = side_of(p, keys);
+  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2))) return;
+  const int nC = 1 << sd.bits;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float* const s_cb2 = reinterpret_cast<float*>(smem);                           // [nC][SD] 2·c
+  float* const s_nn = s_cb2 + nC * SD;                                            // [nC] −||c||²
+  uint32_t* const s_code = reinterpret_cast<uint32_t*>(s_nn + nC);               // [warps][TPJ·kNSub]
+  float* const s_x = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub);  // [warps][TPJ][D] (deq only)
+  for (int i = tid; i < nC * SD / 4; i += 256) {
+    float4 f = reinterpret_cast<const float4*>(sd.cb)[i];
+    f.x *= 2.0f, f.y *= 2.0f, f.z *= 2.0f, f.w *= 2.0f;
+    reinterpret_cast<float4*>(s_cb2)[i] = f;
+  }
+  __shared__ int s_nmin;  // min_c ||c||² (non-negative floats compare as their bits)
+  if (tid == 0) s_nmin = INT_MAX;
+  __syncthreads();
+  {
+    float nmin = INFINITY;
+    for (int i = tid; i < nC; i += 256) {
+      const float nrm = sd.norms[i];
+      s_nn[i] = -nrm;
+      nmin = fminf(nmin, nrm);
+    }
+    atomicMin(&s_nmin, __float_as_int(fmaxf(nmin, 0.0f)));
+  }
+  __syncthreads();
+  const float cmin = sqrtf(__int_as_float(s_nmin));
+  uint32_t* const cc = s_code + warp * TPJ * kNSub;
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t n_jobs = (n_th + TPJ - 1) / TPJ;
+  const int row_words = sd.row_stride / 4;
+  const int idmask = (1 << (sd.bits - 3)) - 1;  // chunk numbers: nC / 8
+  const float cmax = sd.cmax;
+  const float* const il_all = (keys && p.inv_lambda) ? p.inv_lambda : nullptr;
+  const bool had = keys && p.use_hadamard;
+
+  for (int64_t job = int64_t(blockIdx.x) * kEncWarps + warp; job < n_jobs; job += int64_t(gridDim.x) * kEncWarps) {
+    const int64_t th0 = job * TPJ;
+    const Pos q0 = decompose(th0, p.n_kv_heads, p.n_new);
+    // 1. this lane's sub-vectors, f32, scaled by 1/λ for keys
+    float x[SPL][SD];
+    bool live[SPL];
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      const int gs = s * 32 + lane, tt = gs / kNSub, sub = gs % kNSub;
+      live[s] = th0 + tt < n_th;
+#pragma unroll
+      for (int j = 0; j < SD; ++j) x[s][j] = 0.0f;
+      if (live[s]) {
+        const Pos q = pos_after(q0, tt, p.n_kv_heads, p.n_new);
+        const int64_t e0 = q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2] +
+                           int64_t(sub * SD) * sd.src.stride[3];
+        const __half* hp = static_cast<const __half*>(sd.src.data) + e0;
+        if (sd.src.dtype == DType::F16 && sd.src.stride[3] == 1 && (reinterpret_cast<uintptr_t>(hp) & (2 * SD - 1)) == 0) {
+          if constexpr (SD == 4) {
+            const uint2 w = *reinterpret_cast<const uint2*>(hp);
+            const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&w.x));
+            const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&w.y));
+            x[s][0] = a.x, x[s][1] = a.y, x[s][2] = b.x, x[s][3] = b.y;
+          } else {
+#pragma unroll
+            for (int k = 0; k < SD / 8; ++k) {
+              const uint4 w = reinterpret_cast<const uint4*>(hp)[k];
+              const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+              for (int u = 0; u < 4; ++u) {
+                const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&ws[u]));
+                x[s][8 * k + 2 * u] = a.x, x[s][8 * k + 2 * u + 1] = a.y;
+              }
+            }
+          }
+        } else {
+#pragma unroll
+          for (int j = 0; j < SD; ++j) x[s][j] = load_f(sd.src.data, sd.src.dtype, e0 + j * sd.src.stride[3]);
+        }
+        if (il_all) {
+          const float* il = il_all + q.kvh * D + sub * SD;
+#pragma unroll
+          for (int j = 0; j < SD; ++j) x[s][j] = __fmul_rn(x[s][j], __ldg(il + j));
+        }
+      }
+    }
+    // 2. keys: FWHT (h = 1, 2, 4, ... as the CPU), then × 1/sqrt(D)
+    if (had) {
+#pragma unroll
+      for (int h = 1; h < D; h <<= 1) {
+        if (h < SD) {
+#pragma unroll
+          for (int s = 0; s < SPL; ++s)
+#pragma unroll
+            for (int j = 0; j < SD; ++j)
+              if (!(j & h)) {
+                const float a = x[s][j], b = x[s][j + h];
+                x[s][j] = __fadd_rn(a, b);
+                x[s][j + h] = __fsub_rn(a, b);
+              }
+        } else if (h / SD < 32) {
+          const int ph = h / SD;
+          const float sg = (lane & ph) ? -1.0f : 1.0f;  // upper half: partner − mine
+#pragma unroll
+          for (int s = 0; s < SPL; ++s)
+#pragma unroll
+            for (int j = 0; j < SD; ++j) {
+              const float v = __shfl_xor_sync(0xffffffffu, x[s][j], ph);
+              x[s][j] = __fmaf_rn(sg, x[s][j], v);
+            }
+        } else {
+          const int ps = h / SD / 32;
+#pragma unroll
+          for (int s = 0; s < SPL; ++s)
+            if (!(s & ps))
+#pragma unroll
+              for (int j = 0; j < SD; ++j) {
+                const float a = x[s][j], b = x[s + ps][j];
+                x[s][j] = __fadd_rn(a, b);
+                x[s + ps][j] = __fsub_rn(a, b);
+              }
+        }
+      }
+      const float sc = p.hadamard_scale;
+#pragma unroll
+      for (int s = 0; s < SPL; ++s)
+#pragma unroll
+        for (int j = 0; j < SD; ++j) x[s][j] = __fmul_rn(x[s][j], sc);
+    }
+    // 3. the lane's offset (from its live, finite, not huge slots)
+    float xn = 0.0f;
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      float n2 = 0.0f;
+#pragma unroll
+      for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2);
+      const float r = sqrtf(n2) + cmax;
+      if (live[s] && r * r < 1e36f) xn = fmaxf(xn, sqrtf(n2));
+    }
+    // O + max_c(2x·c − ||c||²) = O + ||x||² − min_c||x − c||² ≥ O − 2||x||·cmin − cmin², so this O
+    // keeps the best score of every slot ≥ 2||x||·cmin + cmin² + 1e-3·R² > the margin
+    const float off = 2.0f * (2.0f * xn * cmin + cmin * cmin) + 1e-3f * (xn + cmax) * (xn + cmax);
+    // 4. scan: chunk maxima of O + 2x·c − ||c||² as integers, the best two chunks as keys
+    int m1[SPL], m2[SPL];
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) m1[s] = m2[s] = INT_MIN;
+    const float4* const nn4 = reinterpret_cast<const float4*>(s_nn);
+#pragma unroll(SPL >= 8 ? 2 : 1)
+    for (int ch = 0, k = 0; ch < nC; ch += kChunk, ++k) {
+      const float4 na = nn4[ch / 4], nb = nn4[ch / 4 + 1];
+      const float no[kChunk] = {__fadd_rn(na.x, off), __fadd_rn(na.y, off), __fadd_rn(na.z, off), __fadd_rn(na.w, off),
+                                __fadd_rn(nb.x, off), __fadd_rn(nb.y, off), __fadd_rn(nb.z, off), __fadd_rn(nb.w, off)};
+      int cm[SPL];
+#pragma unroll
+      for (int c = 0; c < kChunk; c += 2) {
+        float v0[SD], v1[SD];
+        load_centroid<SD>(s_cb2, ch + c, v0);
+        load_centroid<SD>(s_cb2, ch + c + 1, v1);
+#pragma unroll
+        for (int s = 0; s < SPL; ++s) {
+          float a = no[c], b = no[c + 1];
+#pragma unroll
+          for (int j = 0; j < SD; ++j) a = __fmaf_rn(x[s][j], v0[j], a), b = __fmaf_rn(x[s][j], v1[j], b);
+          const int ia = __float_as_int(a), ib = __float_as_int(b);
+          cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
+        }
+      }
+#pragma unroll
+      for (int s = 0; s < SPL; ++s) {
+        const int key = (cm[s] & ~idmask) | k;
+        const int lo = min(m1[s], key);
+        m1[s] = max(m1[s], key);
+        m2[s] = max(m2[s], lo);
+      }
+    }
+    // 5. candidates and the exact answer
+#pragma unroll
+    for (int s = 0; s < SPL; ++s) {
+      int code = 0;
+      if (live[s]) {
+        float n2 = 0.0f;
+        bool finite = true;
+#pragma unroll
+        for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2), finite &= isfinite(x[s][j]);
+        const float r = sqrtf(n2) + cmax, r2 = r * r;
+        if (finite) {
+          bool full = !(r2 < 1e36f);
+          if (!full) {
+            // twice the first-order bound: fast scores err ≤ (2d+2)·u·(O + R²) each, oracle
+            // distances ≤ (d+2)·u·R² each, + u·(O + R²) for rounding thr
+            const float margin =
+                5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) + 1e-30f;
+            const float thr = __int_as_float(m1[s] & ~idmask) - margin;
+            const bool others_out = m2[s] < 0 ? thr >= 0.0f : __int_as_float(m2[s] | idmask) < thr;
+            full = !(m1[s] >= 0 && others_out);
+            if (!full) {
+              const int ch = (m1[s] & idmask) * kChunk;
+              uint32_t mask = 0;
+#pragma unroll
+              for (int c = 0; c < kChunk; ++c) {
+                const float sc = fast_score<SD>(x[s], s_cb2, ch + c, __fadd_rn(s_nn[ch + c], off));
+                mask |= uint32_t(sc >= thr) << c;
+              }
+              if (__popc(mask) == 1) {
+                code = ch + __ffs(mask) - 1;
+              } else {
+                float bst = INFINITY;
+                code = ch;
+                oracle_scan<SD>(x[s], sd.cb, ch, ch + kChunk, bst, code);
+              }
+            }
+          }
+          if (full) {
+            float bst = INFINITY;
+            code = 0;
+            const float thr = __int_as_float(m1[s] & ~idmask) -
+                              5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) - 1e-30f;
+            if (r2 < 1e36f && m1[s] >= 0) {  // thr is then below the best fast score
+              // every centroid within the margin, by its fast score, re-ranked by the oracle (ascending
+              // index, strict <: ties to the lowest)
+              for (int c = 0; c < nC; ++c) {
+                if (fast_score<SD>(x[s], s_cb2, c, __fadd_rn(s_nn[c], off)) >= thr) {
+                  float v[SD];
+                  load_centroid<SD>(sd.cb, c, v);
+                  const float e = oracle_dist<SD>(x[s], v);
+                  if (e < bst) bst = e, code = c;
+                }
+              }
+            } else {
+              oracle_scan<SD>(x[s], sd.cb, 0, nC, bst, code);
+            }
+          }
+        }
+      }
+      cc[s * 32 + lane] = uint32_t(code);
+    }
+    __syncwarp();
+    // 6. code rows: lanes own (token, word) pairs
+    for (int w = lane; w < TPJ * row_words; w += 32) {
+      const int tt = w / row_words, wi = w - tt * row_words;
+      if (th0 + tt >= n_th || !sd.codes) continue;
+      const Pos q = pos_after(q0, tt, p.n_kv_heads, p.n_new);
+      const int L0 = p.seq_len[q.b];
+      const int pos = L0 + q.i;
+      const int rcn = min(p.residual_length, (p.res_count ? p.res_count[q.b] : 0) + p.n_new);
+      const bool in_win = pos >= L0 + p.n_new - rcn;
+      if (p.codes_ring && !in_win) continue;
+      const int64_t slot = p.codes_ring ? pos % p.code_cap : pos;
+      if (slot < p.code_cap) {
+        const uint32_t* cs = cc + tt * kNSub;
+        const int bit0 = 32 * wi;
+        uint32_t word = 0;
+        for (int i = bit0 / sd.bits; i < kNSub && i * sd.bits < bit0 + 32; ++i) {
+          const int sh = i * sd.bits - bit0;
+          word |= sh >= 0 ? (cs[i] << sh) : (cs[i] >> (-sh));
+        }
+        const int64_t bh = int64_t(q.b) * p.n_kv_heads + q.kvh;
+        reinterpret_cast<uint32_t*>(sd.codes + (bh * p.code_cap + slot) * sd.row_stride)[wi] = word;
+      } else if (wi == 0 && p.error_flag) {
+        atomicExch(p.error_flag, 1);
+      }
+    }
+    // 7. exact window rows, and dequantized rows of tokens born outside the window
+    if (sd.win) {
+      bool any_deq = false;
+      for (int tt = 0; tt < TPJ; ++tt) {
+        if (th0 + tt >= n_th) break;
+        const Pos q = pos_after(q0, tt, p.n_kv_heads, p.n_new);
+        const int L0 = p.seq_len[q.b];
+        const int pos = L0 + q.i;
+        const int rcn = min(p.residual_length, (p.res_count ? p.res_count[q.b] : 0) + p.n_new);
+        const bool in_win = pos >= L0 + p.n_new - rcn;
+        const int64_t bh = int64_t(q.b) * p.n_kv_heads + q.kvh;
+        if (in_win) {
+          const int64_t slot = p.win_ring ? pos % p.win_cap : pos;
+          if (slot < p.win_cap) {
+            uint16_t* dst = static_cast<uint16_t*>(sd.win) + (bh * p.win_cap + slot) * D;
+            for (int d = lane; d < D; d += 32) {
+              const float v = load_f(sd.src.data, sd.src.dtype,
+                                     q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2] +
+                                         d * sd.src.stride[3]);
+              dst[d] = f_to_store16(v, p.win_bf16);
+            }
+          } else if (lane == 0 && p.error_flag) {
+            atomicExch(p.error_flag, 1);
+          }
+        }
+        any_deq |= p.deq_outside && !in_win;
+      }
+      if (any_deq) {
+        float* const xs = s_x + warp * TPJ * D;
+        for (int idx = lane; idx < TPJ * D; idx += 32) {
+          const int tt = idx / D, d = idx % D;
+          xs[idx] = sd.cb[size_t(cc[tt * kNSub + d / SD]) * SD + d % SD];
+        }
+        __syncwarp();
+        if (had) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
+        for (int tt = 0; tt < TPJ; ++tt) {
+          if (th0 + tt >= n_th) break;
+          const Pos q = pos_after(q0, tt, p.n_kv_heads, p.n_new);
+          const int L0 = p.seq_len[q.b], pos = L0 + q.i;
+          const int rcn = min(p.residual_length, (p.res_count ? p.res_count[q.b] : 0) + p.n_new);
+          if (pos >= L0 + p.n_new - rcn) continue;
+          if (pos >= p.win_cap) {
+            if (lane == 0 && p.error_flag) atomicExch(p.error_flag, 1);
+            continue;
+          }
+          uint16_t* dst =
+              static_cast<uint16_t*>(sd.win) + ((int64_t(q.b) * p.n_kv_heads + q.kvh) * p.win_cap + pos) * D;
+          for (int d = lane; d < D; d += 32) {
+            float v = xs[tt * D + d];
+            if (keys && p.lambda) v = __fmul_rn(v, p.lambda[q.kvh * D + d]);
+            dst[d] = f_to_store16(v, p.win_bf16);
+          }
+        }
+      }
+    }
+    __syncwarp();
+  }
+}
+
 /// One warp per (token, kv head): rows of codes → dequantized rows (keys inverse-transformed).
 /// evict: positions [L − rc, min(L, L + n − min(R, rc + n))) per batch row, at most n each;
 /// else positions [t0, t0 + n).
@@ -503,12 +870,41 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
+template <int D, int SD, int SPL>
+void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
+  constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
+  const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
+                                                        : (p.k_sub == SD ? p.k_bits : p.v_bits));
+  const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * kNSub * 4 +
+                      (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0);
+  auto kern = vq_encode_bulk_kernel<D, SD, SPL>;
+  static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  if (smem > 48 * 1024 && smem_set[dev & 15] < smem) {
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    smem_set[dev & 15] = smem;
+  }
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t jobs = (n_th + TPJ - 1) / TPJ;
+  int per_sm = 1;
+  VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem));
+  const int blocks =
+      int(std::min<int64_t>((jobs + kEncWarps - 1) / kEncWarps, int64_t(device_sms()) * std::max(per_sm, 1)));
+  dim3 grid(std::max(blocks, 1), 2);  // y: keys, values (a block whose side has another sub_dim exits)
+  kern<<<grid, 256, smem, s>>>(p);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
 template <int D, int SD>
 void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kNSub = D / SD;
   constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
   constexpr int kSplBulk = 4;  // sub-vectors per lane (8 measured slower: run 2)
   if (decode_mode && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) >= 64) encode_t<D, SD, kSplDec, 8>(p, s);
+  else if (p.bulk_variant == 1 && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 256)
+    encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
+  else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
   else encode_t<D, SD, kSplBulk, 1>(p, s);
 }
 

@@ -156,10 +156,11 @@ struct EncodeParams {
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
   int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
   int bulk_variant = 1;       ///< throughput mode only (decode mode always runs the split scan):
-                              ///< 1: transform in registers, packed chunk keys, per-lane score
-                              ///< offset, 4 sub-vectors per lane (the default); 2: the same with
-                              ///< 8 per lane; 0: the previous kernel (same codes; kept for
-                              ///< same-run comparisons)
+                              ///< 1 (default): codebooks of <= 256 centroids run the v2 kernel
+                              ///< (transform in registers, packed chunk keys, per-lane score
+                              ///< offset, 4 sub-vectors per lane), larger ones the previous one;
+                              ///< 2: v2 with 8 sub-vectors per lane, any codebook; 0: the previous
+                              ///< kernel. Same codes from all (kept for same-run comparisons).
 };
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and

@@ -1,4 +1,4 @@
-// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoder (sub_dim 4, 8-bit codes) against the
+// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8-bit codes) against the
 // CPU encoder on inputs built to break it: exact centroids, exact
 // midpoints of two centroids, near-midpoints, duplicated centroids (exact ties), tiny, huge
 // and overflowing sub-vectors, zeros and non-finite entries. Codes must be bit-identical to
@@ -91,7 +91,9 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.residual_length = 0;
       e.error_flag = err.ptr<int>();
       e.sides = 2;  // values: no transform, so the crafted sub-vectors reach the search as they are
-      {
+      for (const int variant : {0, 1, 2}) {  // every bulk kernel (EncodeParams::bulk_variant)
+        SCOPED_TRACE("bulk_variant " + std::to_string(variant));
+        e.bulk_variant = variant;
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
         cuda::encode_launch(e, false, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

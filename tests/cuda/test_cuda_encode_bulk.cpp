@@ -1,0 +1,188 @@
+// tests/cuda/test_cuda_encode_bulk.cpp — every bulk encode kernel (EncodeParams::bulk_variant
+// 0, 1, 2) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
+// CPU encoder) and values (the CPU encoder alone): head_dim 64/128/256, sub_dim 4/8, 8/10/12-bit
+// codebooks, F16/BF16/F32 sources, contiguous and strided rows, a partial last warp job, rows of
+// very different norms. Codes must be bit-identical; the variants must agree with each other.
+#include <algorithm>
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "veloxquant/pq.h"
+#include "veloxquant/smooth.h"
+
+namespace {
+
+using namespace veloxquant;
+using namespace vq_cuda_test;
+
+struct BulkCase {
+  int D, sub, bits;
+  DType dt;
+  int inner_stride;  ///< element stride of head_dim (1: contiguous rows)
+  int row_pad;       ///< extra elements between tokens
+};
+
+TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
+  VQ_SKIP_WITHOUT_GPU();
+  const std::vector<BulkCase> cases = {
+      {128, 4, 8, DType::F16, 1, 0},  {128, 4, 8, DType::F32, 1, 8},   {64, 4, 8, DType::BF16, 1, 0},
+      {256, 4, 8, DType::F16, 1, 4},  {128, 8, 8, DType::F16, 1, 0},   {64, 8, 10, DType::F16, 2, 0},
+      {256, 8, 8, DType::F32, 1, 0},  {128, 4, 12, DType::F16, 1, 0},  {128, 4, 10, DType::F16, 3, 2},
+  };
+  const uint64_t seed = 0xB11C;
+  std::mt19937_64 rng(seed);
+  for (const BulkCase& c : cases) {
+    SCOPED_TRACE("seed " + std::to_string(seed) + ", head_dim " + std::to_string(c.D) + ", d" + std::to_string(c.sub) +
+                 "b" + std::to_string(c.bits) + ", dtype " + std::to_string(int(c.dt)) + ", inner stride " +
+                 std::to_string(c.inner_stride));
+    const int B = 2, H = 3, n = 37, D = c.D;  // 222 token-heads: jobs end mid-warp
+    ProductQuantizer pq(D, {c.sub, c.bits});
+    pq.set_random_codebook(seed + uint64_t(c.bits) * 7 + uint64_t(c.sub), 0.8f);
+    // source rows: N(0, 1) with a few outlier channels and a per-token scale (norms vary a lot)
+    const int64_t tok_stride = int64_t(D) * c.inner_stride + c.row_pad;
+    const int64_t elems = int64_t(B) * H * n * tok_stride;
+    std::vector<float> src(size_t(elems), 0.0f), x(size_t(B) * H * n * D);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_real_distribution<float> ud(-3.0f, 2.0f);
+    for (int64_t r = 0; r < int64_t(B) * H * n; ++r) {
+      const float ts = std::exp(ud(rng));
+      for (int d = 0; d < D; ++d) {
+        float v = nd(rng) * ts * (d % 17 == 3 ? 8.0f : 1.0f);
+        // what the device reads after rounding to the source dtype
+        v = c.dt == DType::F16 ? half_to_float(float_to_half(v)) : c.dt == DType::BF16 ? bf16_to_float(float_to_bf16(v)) : v;
+        src[size_t(r * tok_stride + int64_t(d) * c.inner_stride)] = v;
+        x[size_t(r * D + d)] = v;
+      }
+    }
+    std::vector<float> lambda(size_t(H) * D);
+    std::uniform_real_distribution<float> ld(0.2f, 4.0f);
+    for (auto& l : lambda) l = ld(rng);
+    KeyTransform tf(H, D, lambda, true);
+    std::vector<float> xk = x;
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h) tf.forward_keys(xk.data() + (int64_t(b) * H + h) * n * D, n, h);
+    const int64_t rows = int64_t(B) * H * n;
+    std::vector<uint8_t> want_k(size_t(rows * pq.code_bytes)), want_v(size_t(rows * pq.code_bytes));
+    pq.encode(xk.data(), rows, want_k.data(), 1);
+    pq.encode(x.data(), rows, want_v.data(), 1);
+
+    const int rs = int(pq.code_bytes + 3) / 4 * 4;
+    Tensor xd = to_device(Tensor::from_floats(src, {elems}, c.dt));
+    Tensor cbd = to_device(Tensor::from_floats(pq.codebook, {int64_t(pq.codebook.size())}, DType::F32));
+    Tensor nrmd = to_device(Tensor::from_floats(pq.centroid_norms, {int64_t(pq.centroid_norms.size())}, DType::F32));
+    Tensor ild = to_device(Tensor::from_floats(tf.inv_lambda, {H, D}, DType::F32));
+    Tensor kc = Tensor::empty({rows * rs}, DType::U8, Device::cuda(0));
+    Tensor vc = Tensor::empty({rows * rs}, DType::U8, Device::cuda(0));
+    Tensor lens = Tensor::empty({B}, DType::I32, Device::cuda(0));
+    Tensor err = Tensor::empty({1}, DType::I32, Device::cuda(0));
+    ASSERT_EQ(cudaMemset(lens.data(), 0, size_t(B) * 4), cudaSuccess);
+    ASSERT_EQ(cudaMemset(err.data(), 0, 4), cudaSuccess);
+    float cmax = 0;
+    for (float v : pq.centroid_norms) cmax = std::max(cmax, std::sqrt(v));
+    cuda::EncodeParams e;
+    e.batch = B, e.n_kv_heads = H, e.head_dim = D, e.n_new = n;
+    cuda::DevTensor4 dt;
+    dt.data = xd.data(), dt.dtype = c.dt;
+    dt.stride[0] = int64_t(H) * n * tok_stride, dt.stride[1] = int64_t(n) * tok_stride, dt.stride[2] = tok_stride,
+    dt.stride[3] = c.inner_stride;
+    e.k = e.v = dt;
+    e.inv_lambda = ild.ptr<float>();
+    e.use_hadamard = 1;
+    e.hadamard_scale = float(1.0 / std::sqrt(double(D)));
+    e.k_cb = e.v_cb = cbd.ptr<float>();
+    e.k_norms = e.v_norms = nrmd.ptr<float>();
+    e.k_bits = e.v_bits = c.bits;
+    e.k_sub = e.v_sub = c.sub;
+    e.k_cmax = e.v_cmax = cmax;
+    e.k_codes = kc.ptr<uint8_t>(), e.v_codes = vc.ptr<uint8_t>();
+    e.code_cap = n;
+    e.k_row_stride = e.v_row_stride = rs;
+    e.seq_len = lens.ptr<int32_t>();
+    e.res_count = lens.ptr<int32_t>();
+    e.error_flag = err.ptr<int>();
+    e.sides = 3;
+    std::vector<std::vector<uint8_t>> got_all;
+    for (const int variant : {0, 1, 2}) {
+      SCOPED_TRACE("bulk_variant " + std::to_string(variant));
+      e.bulk_variant = variant;
+      ASSERT_EQ(cudaMemset(kc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
+      ASSERT_EQ(cudaMemset(vc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
+      cuda::encode_launch(e, false, nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      std::vector<uint8_t> gk(size_t(rows * rs)), gv(size_t(rows * rs));
+      ASSERT_EQ(cudaMemcpy(gk.data(), kc.data(), gk.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gv.data(), vc.data(), gv.size(), cudaMemcpyDeviceToHost), cudaSuccess);
+      for (int side = 0; side < 2; ++side) {
+        const std::vector<uint8_t>& got = side == 0 ? gk : gv;
+        const std::vector<uint8_t>& want = side == 0 ? want_k : want_v;
+        int64_t bad = 0;
+        for (int64_t r = 0; r < rows; ++r) {
+          for (int m = 0; m < pq.n_sub; ++m) {
+            const uint32_t g = read_code(got.data() + r * rs, m, c.bits), w = read_code(want.data() + r * pq.code_bytes, m, c.bits);
+            if (g != w && ++bad <= 3)
+              ADD_FAILURE() << (side == 0 ? "keys" : "values") << " row " << r << " sub " << m << ": cuda " << g
+                            << ", cpu " << w;
+          }
+          for (int byte = int(pq.code_bytes); byte < rs; ++byte)  // row padding is written as zeros
+            if (got[size_t(r * rs + byte)] != 0 && ++bad <= 3)
+              ADD_FAILURE() << "row " << r << " padding byte " << byte << " = " << int(got[size_t(r * rs + byte)]);
+        }
+        EXPECT_EQ(bad, 0) << (side == 0 ? "keys" : "values") << ": of " << rows * pq.n_sub << " codes differ";
+      }
+      gk.insert(gk.end(), gv.begin(), gv.end());
+      got_all.push_back(std::move(gk));
+    }
+    for (size_t v = 1; v < got_all.size(); ++v) EXPECT_TRUE(got_all[v] == got_all[0]) << "variant " << v << " differs from variant 0";
+
+    // window rows: a ring of R exact rows (MemoryBound) and, with deq_outside, linear rows where
+    // tokens born outside the window get their dequantized rows (Standard/Stash): the exact rows
+    // must be the source rounded to fp16, and every variant must write the same bytes
+    const int R = 16;
+    for (const int layout : {0, 1}) {
+      SCOPED_TRACE(layout == 0 ? "ring window" : "linear rows, dequantized outside the window");
+      const int64_t wcap = layout == 0 ? R : n;
+      Tensor kw = Tensor::empty({int64_t(B) * H * wcap * D}, DType::F16, Device::cuda(0));
+      Tensor vw = Tensor::empty({int64_t(B) * H * wcap * D}, DType::F16, Device::cuda(0));
+      cuda::EncodeParams w = e;
+      w.k_win = kw.data(), w.v_win = vw.data();
+      w.win_cap = wcap, w.win_ring = layout == 0, w.deq_outside = layout == 1;
+      w.lambda = nullptr;  // identity: dequantized keys are FWHT(ĉ)·scale
+      w.residual_length = R;
+      std::vector<std::vector<uint16_t>> rows_all;
+      for (const int variant : {0, 1, 2}) {
+        SCOPED_TRACE("bulk_variant " + std::to_string(variant));
+        w.bulk_variant = variant;
+        ASSERT_EQ(cudaMemset(kw.data(), 0x7B, size_t(kw.nbytes())), cudaSuccess);
+        ASSERT_EQ(cudaMemset(vw.data(), 0x7B, size_t(vw.nbytes())), cudaSuccess);
+        cuda::encode_launch(w, false, nullptr);
+        ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        std::vector<uint16_t> hk(size_t(kw.nbytes() / 2)), hv(size_t(vw.nbytes() / 2));
+        ASSERT_EQ(cudaMemcpy(hk.data(), kw.data(), size_t(kw.nbytes()), cudaMemcpyDeviceToHost), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(hv.data(), vw.data(), size_t(vw.nbytes()), cudaMemcpyDeviceToHost), cudaSuccess);
+        int64_t bad = 0;
+        for (int64_t bh = 0; bh < int64_t(B) * H; ++bh)
+          for (int i = n - R; i < n; ++i) {  // window tokens: exact rows
+            const int64_t slot = layout == 0 ? i % R : i;
+            for (int d = 0; d < D; ++d) {
+              const uint16_t want = float_to_half(x[size_t((bh * n + i) * D + d)]);
+              bad += hk[size_t((bh * wcap + slot) * D + d)] != want;
+              bad += hv[size_t((bh * wcap + slot) * D + d)] != want;
+            }
+          }
+        EXPECT_EQ(bad, 0) << "window row elements differ from the source rounded to fp16";
+        hk.insert(hk.end(), hv.begin(), hv.end());
+        rows_all.push_back(std::move(hk));
+      }
+      for (size_t v = 1; v < rows_all.size(); ++v)
+        EXPECT_TRUE(rows_all[v] == rows_all[0]) << "variant " << v << " wrote other rows than variant 0";
+    }
+    int flag = -1;
+    ASSERT_EQ(cudaMemcpy(&flag, err.data(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
+    EXPECT_EQ(flag, 0);
+  }
+}
+
+}  // namespace
