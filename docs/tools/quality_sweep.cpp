@@ -14,12 +14,15 @@
 // SPEC = the VQ configuration of keys and values (default d4b8); OTT = r: the keys of token 0 and
 // of a fraction r of the other tokens lose their outlier pairs (× 0.05), a post-processing that
 // mimics the "outlier tokens" of Su et al. 2025 (the generator itself has no such tokens);
+// SINK = p: token 0 becomes an attention sink taking a mean share p of the attention (see
+// add_sink; the generator itself has no sinks);
 // DETAIL = 1 adds keys-only / values-only attention errors and the key error per channel class.
 //
 // Per seed it prints the attention-output error (evaluate_cache: calibrate → artifact → cache →
 // fused_sdpa, against exact attention on the original K/V) of VecInfer (smooth + Hadamard), the
 // same VQ without transforms and KIVI-style b2g128, all with a 128-token fp16 residual window.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -108,6 +111,109 @@ void channel_errors(const SyntheticKVModel& model, const SyntheticSequence& s, c
   *ordinary = nr ? er / double(nr) : 0;
 }
 
+// Makes token 0 an attention sink in both sequences (a post-processing; the generator has no
+// sinks), by the "key bias" mechanism Gu et al. (ICLR 2025, arXiv 2410.10781) describe: per
+// (layer, kv head) token 0's key becomes r·u, with u a direction the other keys barely use (below)
+// and r the median key norm of the head (the sink is found by direction, not
+// by size), every query of the group gets b·u added (post-RoPE), with b set by bisection so that
+// the mean attention weight on token 0 over those queries is `mass`; token 0's value is scaled by
+// 0.1 (a sink takes attention without contributing much value).
+void add_sink(SyntheticSequence& eval, SyntheticSequence& calib, double mass) {
+  const int H = eval.kv.n_kv_heads, D = eval.kv.head_dim;
+  const int nh = int(eval.queries[0].dim(1)), group = nh / H;
+  const int64_t nq = eval.queries[0].dim(0), n = eval.n_tokens;
+  const double scale = 1.0 / std::sqrt(double(D));
+  for (int l = 0; l < eval.kv.n_layers; ++l)
+    for (int h = 0; h < H; ++h) {
+      float* Q = eval.queries[size_t(l)].ptr<float>();
+      const float* K = eval.kv.keys[size_t(l)].ptr<float>();
+      // u: a fixed random direction on the high-frequency half of the RoPE pairs (where keys are
+      // smallest), made orthogonal to the head's mean key, so that ordinary keys barely project
+      // on it (the sink's key stands apart from the others by direction).
+      std::vector<double> u(size_t(D), 0.0), mean(size_t(D), 0.0);
+      uint64_t st = 0x9E3779B97F4A7C15ull * uint64_t(l * 131 + h + 7);
+      for (int c = 0; c < D; ++c) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        if (c % (D / 2) < D / 4) u[size_t(c)] = double(st >> 11) / 9007199254740992.0 - 0.5;
+      }
+      for (int64_t t = 0; t < n; ++t)
+        for (int c = 0; c < D; ++c) mean[size_t(c)] += K[(t * H + h) * D + c] / double(n);
+      double um = 0, mm = 0;
+      for (int c = 0; c < D; ++c) {
+        um += u[size_t(c)] * mean[size_t(c)];
+        mm += mean[size_t(c)] * mean[size_t(c)];
+      }
+      for (int c = 0; c < D; ++c) u[size_t(c)] -= um / mm * mean[size_t(c)];
+      double norm = 0;
+      for (double x : u) norm += x * x;
+      norm = std::sqrt(norm);
+      for (double& x : u) x /= norm;
+      std::vector<double> norms, ku(static_cast<size_t>(n));  // key norms; u·k_t
+      for (int64_t t = 0; t < n; ++t) {
+        double a = 0, d = 0;
+        for (int c = 0; c < D; ++c) {
+          const double k = K[(t * H + h) * D + c];
+          a += k * k;
+          d += k * u[size_t(c)];
+        }
+        norms.push_back(std::sqrt(a));
+        ku[size_t(t)] = d;
+      }
+      std::nth_element(norms.begin(), norms.begin() + long(norms.size() / 2), norms.end());
+      const double r = norms[norms.size() / 2];
+      // scores of each query (sink excluded) without the added component
+      std::vector<std::vector<double>> sc;
+      std::vector<double> qu;
+      for (int64_t i = 0; i < nq; ++i)
+        for (int g = 0; g < group; ++g) {
+          const float* q = Q + (i * nh + h * group + g) * D;
+          double d = 0;
+          for (int c = 0; c < D; ++c) d += q[c] * u[size_t(c)];
+          qu.push_back(d);
+          std::vector<double> row;
+          for (int64_t t = 1; t <= eval.query_positions[size_t(i)]; ++t) {
+            double x = 0;
+            for (int c = 0; c < D; ++c) x += double(q[c]) * K[(t * H + h) * D + c];
+            row.push_back(x);
+          }
+          sc.push_back(std::move(row));
+        }
+      auto mean_mass = [&](double b) {
+        double sum = 0;
+        for (size_t j = 0; j < sc.size(); ++j) {
+          const double s0 = (qu[j] + b) * r * scale;
+          double m = s0;
+          for (size_t t = 0; t < sc[j].size(); ++t) m = std::max(m, (sc[j][t] + b * ku[t + 1]) * scale);
+          double z = 0;
+          for (size_t t = 0; t < sc[j].size(); ++t) z += std::exp((sc[j][t] + b * ku[t + 1]) * scale - m);
+          const double e0 = std::exp(s0 - m);
+          sum += e0 / (e0 + z);
+        }
+        return sum / double(sc.size());
+      };
+      double lo = 0, hi = 1;
+      while (mean_mass(hi) < mass && hi < 1e6) hi *= 2;
+      for (int it = 0; it < 50; ++it) (mean_mass(0.5 * (lo + hi)) < mass ? lo : hi) = 0.5 * (lo + hi);
+      if (env("SINK_DEBUG") && l == 0 && h < 2) {
+        double su = 0, su2 = 0;
+        for (int64_t t = 1; t < n; ++t) { su += ku[size_t(t)]; su2 += ku[size_t(t)] * ku[size_t(t)]; }
+        const double mu = su / double(n - 1);
+        std::printf("[sink l%d h%d: r %.3f b %.3f, u·k mean %.3f std %.3f]\n", l, h, r, hi, mu, std::sqrt(su2 / double(n - 1) - mu * mu));
+      }
+      for (int64_t i = 0; i < nq; ++i)
+        for (int g = 0; g < group; ++g)
+          for (int c = 0; c < D; ++c) Q[(i * nh + h * group + g) * D + c] += float(hi * u[size_t(c)]);
+      for (SyntheticSequence* sq : {&eval, &calib}) {
+        float* k0 = sq->kv.keys[size_t(l)].ptr<float>() + h * D;
+        float* v0 = sq->kv.values[size_t(l)].ptr<float>() + h * D;
+        for (int c = 0; c < D; ++c) {
+          k0[c] = float(r * u[size_t(c)]);
+          v0[c] *= 0.1f;
+        }
+      }
+    }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -147,6 +253,7 @@ int main(int argc, char** argv) {
           }
       }
     }
+    if (env("SINK")) add_sink(eval, calib, std::atof(env("SINK")));
     // The demo uses attention_cpu for its reference at long contexts, the test attention_ref.
     const std::vector<Tensor> ref = reference_attention(eval, {}, /*use_oracle=*/!demo);
     Artifact art[2];  // [0] smooth + Hadamard, [1] no transforms
