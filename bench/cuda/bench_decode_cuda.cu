@@ -223,7 +223,7 @@ struct Row {
 int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
-  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false;
+  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -235,6 +235,7 @@ int main(int argc, char** argv) {
     else if (a == "--skip-step") skip_step = true;
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
+    else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   if (!cuda_is_available()) {
@@ -367,6 +368,7 @@ int main(int argc, char** argv) {
     p.scale_log2 = float(1.0 / std::sqrt(double(kD)) * 1.4426950408889634);
     p.causal = 1;
     p.n_splits = S;
+    p.window_staged = window_regs ? 0 : 1;
     p.n_row_chunks = 1;
     p.rows_per_chunk = 8;
     p.ws_o = bf.ws_o;
@@ -540,10 +542,11 @@ int main(int argc, char** argv) {
       e.residual_length = 0;
       e.error_flag = err;
       e.sides = side;
-      // every bulk kernel (EncodeParams::bulk_variant: 1 default, 2 eight slots per lane, 0 the
+      // every bulk kernel (EncodeParams::bulk_variant: 1 default, 3 one offset per warp, 2 eight
+      // slots per lane, 0 the
       // previous kernel) on the same data, back to back: same-run ratios
       std::vector<uint8_t> first_all;  // the whole code buffer of the first variant
-      for (const int variant : {1, 2, 0}) {
+      for (const int variant : {1, 3, 2, 0}) {
       e.bulk_variant = variant;
       CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
       cuda::encode_launch(e, false, nullptr);

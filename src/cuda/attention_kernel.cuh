@@ -800,6 +800,90 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
     const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
     auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
+    // The residual window (a few hundred tokens at most) is latency-bound: each warp takes
+    // kWT tokens at a time, copies their K and V rows into its own (now idle) ring stages with
+    // one cp.async round trip, and runs the tile from shared memory (slots >= kWT masked).
+    // The fp16 cache's launches (every token in the window) stream in full register tiles.
+    constexpr int kRowB = D * 2;
+    constexpr int kWT = PIPE * T::kStageBytes >= 2 * 16 * kRowB ? 16 : PIPE * T::kStageBytes >= 2 * 8 * kRowB ? 8 : 0;
+    if constexpr (kWT > 0) {
+      if (!p.win_all && p.window_staged) {
+        unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
+        unsigned char* const wv = wk + kWT * kRowB;
+        const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowB;
+        for (int base = w0 + warp * kWT; base < w1; base += T::kWarps * kWT) {
+          const int n = min(kWT, w1 - base);
+          for (int i = lane; i < n * (kRowB / 16); i += 32) {
+            const int r = i / (kRowB / 16), off = (i % (kRowB / 16)) * 16;
+            cp_async16(wk_s + r * kRowB + off, reinterpret_cast<const unsigned char*>(kwin + slot(base + r) * D) + off);
+            cp_async16(wv_s + r * kRowB + off, reinterpret_cast<const unsigned char*>(vwin + slot(base + r) * D) + off);
+          }
+          cp_async_commit();
+          cp_async_wait<0>();
+          __syncwarp();
+          auto row_words = [&](const unsigned char* rows, int sl, int d0, auto& w) {
+            constexpr int NWd = int(sizeof(w) / 4);
+            const uint32_t* src = reinterpret_cast<const uint32_t*>(rows + min(sl, n - 1) * kRowB + d0 * 2);
+#pragma unroll
+            for (int j = 0; j < NWd; ++j) {
+              uint32_t x = src[j];
+              if constexpr (kBf16) x = bf16x2_to_f16x2(x);
+              w[j] = sl < n ? x : 0u;
+            }
+          };
+          float s[KT][2][4];
+#pragma unroll
+          for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s[kt][h][e] = -INFINITY;
+          {
+            float s0[2][4], s1[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s0[h][e] = 0.0f, s1[h][e] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < T::kKSpt; ++i) {
+              const int d0 = (t * T::kKSpt + i) * KS;
+              uint32_t e0[KS / 2], e1[KS / 2];
+              row_words(wk, g, d0, e0);
+              if constexpr (kWT == 16) row_words(wk, g + 8, d0, e1);
+#pragma unroll
+              for (int part = 0; part < T::kKStepsPerSub; ++part) {
+                const int ks = i * T::kKStepsPerSub + part;
+                const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
+                if (NT == 1 && (ks & 1)) {
+                  mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+                  if constexpr (kWT == 16) mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+                } else {
+                  mma_f16(s0[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+                  if constexpr (kWT == 16) mma_f16(s0[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+                }
+              }
+            }
+#pragma unroll
+            for (int h = 0; h < kWT / 8; ++h) {
+              if constexpr (NT == 1) {
+                s[0][h][0] = s0[h][0] + s1[h][2], s[0][h][1] = s0[h][1] + s1[h][3];
+              } else {
+#pragma unroll
+                for (int e = 0; e < 4; ++e) s[0][h][e] = s0[h][e] + s1[h][e];
+              }
+            }
+          }
+          mask_scores(s, base, base + n);
+          softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+            const int d0 = (g * T::kVSpt + i) * VS;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) row_words(wv, kt * 16 + vtok(q), d0, vw[q]);
+          });
+          __syncwarp();  // every lane is done with the stage before the next copy
+        }
+        return;
+      }
+    }
     for (int base = w0 + warp * T::kWarpTok; base < w1; base += T::kBlockTok) {
       float s[KT][2][4];
 #pragma unroll

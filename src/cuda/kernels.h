@@ -80,6 +80,7 @@ struct AttnParams {
   /// Diagnosis only (bench --profile): per block, kAttnProfSlots clock64/globaltimer stamps of
   /// the phases (see vq_attn_kernel); null in every library call.
   unsigned long long* prof = nullptr;
+  int window_staged = 1;  ///< 1: residual window rows staged through shared memory (0: register loads; A/B tests)
 };
 constexpr int kAttnProfSlots = 10;
 
@@ -159,8 +160,9 @@ struct EncodeParams {
                               ///< 1 (default): codebooks of <= 256 centroids run the v2 kernel
                               ///< (transform in registers, packed chunk keys, per-lane score
                               ///< offset, 4 sub-vectors per lane), larger ones the previous one;
-                              ///< 2: v2 with 8 sub-vectors per lane, any codebook; 0: the previous
-                              ///< kernel. Same codes from all (kept for same-run comparisons).
+                              ///< 2: v2 with 8 sub-vectors per lane, any codebook; 3: v2 with one
+                              ///< score offset per warp; 0: the previous kernel. Same codes from
+                              ///< all (kept for same-run comparisons).
 };
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
