@@ -415,9 +415,11 @@ __device__ __forceinline__ Pos pos_after(Pos q, int tt, int n_kv_heads, int n) {
   return q;
 }
 
-/// WO (bulk_variant 3, a timing variant): one offset per warp (the warp's largest), so the
-/// offset scores −||c||² + O are added once per job into a per-warp table, not per chunk.
-template <int D, int SD, int SPL, bool WO = false>
+/// Timing variants (head_dim 128 only): WO (bulk_variant 3): one offset per warp (the warp's
+/// largest), so the offset scores −||c||² + O are added once per job into a per-warp table, not
+/// per chunk; FM (bulk_variant 4): chunk maxima with 2-input float max (FMNMX) instead of the
+/// fused 3-input integer max (same maxima for positive scores, so the same keys).
+template <int D, int SD, int SPL, bool WO = false, bool FM = false>
 __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL * SD <= 32 ? 2 : 1))
     vq_encode_bulk_kernel(const EncodeParams p) {
   constexpr int kNSub = D / SD;
@@ -600,8 +602,12 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
           float a = no[c], b = no[c + 1];
 #pragma unroll
           for (int j = 0; j < SD; ++j) a = __fmaf_rn(x[s][j], v0[j], a), b = __fmaf_rn(x[s][j], v1[j], b);
-          const int ia = __float_as_int(a), ib = __float_as_int(b);
-          cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
+          if constexpr (FM) {
+            cm[s] = __float_as_int(c == 0 ? fmaxf(a, b) : fmaxf(fmaxf(__int_as_float(cm[s]), a), b));
+          } else {
+            const int ia = __float_as_int(a), ib = __float_as_int(b);
+            cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
+          }
         }
       }
 #pragma unroll
@@ -887,14 +893,14 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D, int SD, int SPL, bool WO = false>
+template <int D, int SD, int SPL, bool WO = false, bool FM = false>
 void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
   const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
                                                         : (p.k_sub == SD ? p.k_bits : p.v_bits));
   const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * kNSub * 4 +
                       (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0) + (WO ? size_t(kEncWarps) * nmax * 4 : 0);
-  auto kern = vq_encode_bulk_kernel<D, SD, SPL, WO>;
+  auto kern = vq_encode_bulk_kernel<D, SD, SPL, WO, FM>;
   static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
   int dev = 0;
   VQ_CUDA_CHECK(cudaGetDevice(&dev));
@@ -922,10 +928,17 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   else if (p.bulk_variant == 1 && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 256)
     encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
   else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
-  else if (p.bulk_variant == 3 && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 1024)
-    encode_bulk_t<D, SD, kSplBulk, true>(p, s);  // one offset per warp (timing; its table needs smem)
-  else if (p.bulk_variant == 3) encode_bulk_t<D, SD, kSplBulk>(p, s);
-  else encode_t<D, SD, kSplBulk, 1>(p, s);
+  else if (p.bulk_variant == 3 || p.bulk_variant == 4) {
+    // timing variants, built for head_dim 128 (elsewhere, and for WO's table beyond 1024
+    // centroids, the default v2 kernel runs)
+    if constexpr (D == 128) {
+      if (p.bulk_variant == 4) encode_bulk_t<D, SD, kSplBulk, false, true>(p, s);
+      else if ((1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 1024) encode_bulk_t<D, SD, kSplBulk, true>(p, s);
+      else encode_bulk_t<D, SD, kSplBulk>(p, s);
+    } else {
+      encode_bulk_t<D, SD, kSplBulk>(p, s);
+    }
+  } else encode_t<D, SD, kSplBulk, 1>(p, s);
 }
 
 template <int D>
