@@ -20,6 +20,7 @@ void attn_register_k4b12_v8b8(std::vector<AttnEntry>&);
 void attn_register_k8b12_v8b12(std::vector<AttnEntry>&);
 void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
+void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>&);
 struct AttnVariantEntry {
   AttnEntry entry;
   int kt, minb, warps, pipe;
@@ -51,6 +52,32 @@ const AttnEntry* find(const AttnConfigKey& k) {
   for (const AttnEntry& e : registry())
     if (same(e.key, k)) return &e;
   return nullptr;
+}
+
+const std::vector<AttnEntry>& wide_registry() {
+  static const std::vector<AttnEntry> r = [] {
+    std::vector<AttnEntry> v;
+    attn_register_wide_k4b8_v4b8(v);
+    return v;
+  }();
+  return r;
+}
+
+const AttnEntry* find_wide(const AttnConfigKey& k) {
+  for (const AttnEntry& e : wide_registry())
+    if (same(e.key, k)) return &e;
+  return nullptr;
+}
+
+int device_sms(int dev) {
+  static int cache[64] = {};
+  if (dev < 0 || dev >= 64) return 0;
+  if (cache[dev] == 0) {
+    int n = 0;
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev] = n;
+  }
+  return cache[dev];
 }
 
 std::string key_str(const AttnConfigKey& k) {
@@ -128,6 +155,14 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_VALUE(p.win_all || (p.k_row_stride == e->k_row && p.v_row_stride == e->v_row),
                  "CUDA attention: code row strides " << p.k_row_stride << "/" << p.v_row_stride << " differ from the "
                                                      << e->k_row << "/" << e->v_row << " the kernel is built for");
+  // Two waves of blocks or more (unsplit): the two-blocks-per-SM instantiation where one exists.
+  if (p.n_splits == 1) {
+    if (const AttnEntry* w = find_wide(k)) {
+      int dev = 0;
+      VQ_CUDA_CHECK(cudaGetDevice(&dev));
+      if (gy * p.batch >= 2 * int64_t(device_sms(dev))) e = w;
+    }
+  }
   ensure_smem_attr(*e);
   e->launch(p, dim3(p.n_splits, unsigned(gy), p.batch), as_stream(stream));
   VQ_CUDA_CHECK(cudaGetLastError());

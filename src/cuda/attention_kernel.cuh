@@ -374,6 +374,39 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   }
 
+  // ---- code ring (PIPE > 0): the first stages start now, so their latency hides under the
+  // query transform and the codebook copies below (the ring aliases nothing those touch).
+  const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(sRing + warp * (PIPE > 0 ? PIPE : 1) * T::kStageBytes));
+  auto issue = [&](int j) {  // tile j of this warp into stage j % PIPE
+    const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
+    if (base < c1) {
+      const int ntok = min(T::kWarpTok, c1 - base);
+      const uint32_t st = ring_s + (j % (PIPE > 0 ? PIPE : 1)) * T::kStageBytes;
+      const uint8_t* ks_ = kcodes + int64_t(base) * T::kKRow;
+      const uint8_t* vs_ = vcodes + int64_t(base) * T::kVRow;
+      constexpr int kKB = T::kWarpTok * T::kKRow, kVB = T::kWarpTok * T::kVRow;
+      if (ntok == T::kWarpTok && ((reinterpret_cast<uintptr_t>(ks_) | reinterpret_cast<uintptr_t>(vs_)) & 15) == 0) {
+        // the common case: a whole tile, 16-byte aligned, as a fixed run of 16-byte copies
+#pragma unroll
+        for (int o = 0; o < kKB; o += 512)
+          if (kKB % 512 == 0 || o + lane * 16 < kKB) cp_async16(st + o + lane * 16, ks_ + o + lane * 16);
+#pragma unroll
+        for (int o = 0; o < kVB; o += 512)
+          if (kVB % 512 == 0 || o + lane * 16 < kVB)
+            cp_async16(st + 16 * KT * T::kKRow + o + lane * 16, vs_ + o + lane * 16);
+      } else {
+        warp_copy_async(st, ks_, ntok * T::kKRow, lane);
+        warp_copy_async(st + 16 * KT * T::kKRow, vs_, ntok * T::kVRow, lane);
+      }
+    }
+    cp_async_commit();
+  };
+  if constexpr (PIPE > 0) {
+    if (has_code)
+#pragma unroll 1
+      for (int j = 0; j < PIPE - 1; ++j) issue(j);
+  }
+
   // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
   // One warp per row, kQE consecutive elements per lane: the Walsh–Hadamard butterflies run in
   // registers and shuffles, with no block barrier per stage.
@@ -724,31 +757,6 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     } else {
       // This warp's ring: tile j lives in stage j % PIPE, issued PIPE − 1 tiles ahead.
       unsigned char* const ring = sRing + warp * PIPE * T::kStageBytes;
-      const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(ring));
-      auto issue = [&](int j) {
-        const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
-        if (base < c1) {
-          const int ntok = min(T::kWarpTok, c1 - base);
-          const uint32_t st = ring_s + (j % PIPE) * T::kStageBytes;
-          const uint8_t* ks_ = kcodes + int64_t(base) * T::kKRow;
-          const uint8_t* vs_ = vcodes + int64_t(base) * T::kVRow;
-          constexpr int kKB = T::kWarpTok * T::kKRow, kVB = T::kWarpTok * T::kVRow;
-          if (ntok == T::kWarpTok && ((reinterpret_cast<uintptr_t>(ks_) | reinterpret_cast<uintptr_t>(vs_)) & 15) == 0) {
-            // the common case: a whole tile, 16-byte aligned, as a fixed run of 16-byte copies
-#pragma unroll
-            for (int o = 0; o < kKB; o += 512)
-              if (kKB % 512 == 0 || o + lane * 16 < kKB) cp_async16(st + o + lane * 16, ks_ + o + lane * 16);
-#pragma unroll
-            for (int o = 0; o < kVB; o += 512)
-              if (kVB % 512 == 0 || o + lane * 16 < kVB)
-                cp_async16(st + 16 * KT * T::kKRow + o + lane * 16, vs_ + o + lane * 16);
-          } else {
-            warp_copy_async(st, ks_, ntok * T::kKRow, lane);
-            warp_copy_async(st + 16 * KT * T::kKRow, vs_, ntok * T::kVRow, lane);
-          }
-        }
-        cp_async_commit();
-      };
       auto fill = [&](Tile& tl, int j) {
         const unsigned char* st = ring + (j % PIPE) * T::kStageBytes;
 #pragma unroll
@@ -773,8 +781,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           }
         }
       };
-#pragma unroll 1
-      for (int j = 0; j < PIPE - 1; ++j) issue(j);
+      // (the first PIPE − 1 stages were issued before the setup work)
 #pragma unroll 1
       for (int j = 0;; ++j) {
         const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
@@ -1082,6 +1089,7 @@ struct AttnEntry {
   int smem, threads;
   int k_row, v_row;  ///< code row strides the kernel is compiled for
   void (*launch)(const AttnParams&, dim3, cudaStream_t);
+  int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
 };
 
 template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>

@@ -4,4 +4,12 @@
 
 namespace veloxquant::cuda {
 VQ_ATTN_REGISTER_T(k4b8_v4b8, 4, 8, 4, 8, 2, 16, 3)
+// Large batches (every (batch, kv head) its own block, two waves of blocks or more): 8 warps
+// and two blocks per multiprocessor, so one block's setup and tail overlap the other's
+// streaming (docs/cuda-notes.md, run 12: 268.7 vs 291.0 us at 64 x 16384, same run).
+void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
+  AttnEntry e = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>();
+  e.wide = 1;
+  out.push_back(e);
+}
 }  // namespace veloxquant::cuda

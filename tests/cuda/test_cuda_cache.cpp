@@ -217,6 +217,9 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
   cases.push_back({d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 3});     // sharp
   cases.push_back({dflt, 128, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
   cases.push_back({d4b8, 64, 1, 3, 2, 250, 3, 16, true, 0, DType::F16, CacheMode::Standard, 1});
+  // 40 x 8 unsplit segments, two waves of blocks or more on any GPU up to 160 SMs: the
+  // two-blocks-per-SM d4b8 kernel
+  cases.push_back({d4b8, 128, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});
   // random ones over every compiled configuration
   for (const Spec& s : all_specs())
     for (int D : {64, 128, 256})
