@@ -100,7 +100,7 @@ struct AttnTraits {
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
   static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + kRows * 4 + 64;  // + merge row sums + flag
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
-  static constexpr int kCbBudget = (MINB == 1 ? 200 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
+  static constexpr int kCbBudget = (MINB == 1 ? 216 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
   static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
   static constexpr int kRK = kCopies.k, kRV = kCopies.v;
   static constexpr int kGK = kPK / kRK, kGV = kPV / kRV;  // bank groups per copy

@@ -12,10 +12,10 @@ struct AttnVariantEntry {
 };
 #if defined(VQ_CUDA_ALL_CONFIGS) && VQ_CUDA_ALL_CONFIGS
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>& out) {
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 2, 1, 8, 0>(), 2, 1, 8, 0});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 0>(), 1, 1, 16, 0});
   out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 4>(), 1, 1, 16, 4});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 2, 1, 16, 3>(), 2, 1, 16, 3});
+  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 3>(), 1, 1, 16, 3});
+  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 2>(), 1, 1, 16, 2});
+  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 0>(), 1, 1, 16, 0});
 }
 #else
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&) {}
