@@ -223,6 +223,7 @@ struct Row {
 int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
+  int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -236,6 +237,7 @@ int main(int argc, char** argv) {
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
+    else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   if (!cuda_is_available()) {
@@ -369,6 +371,7 @@ int main(int argc, char** argv) {
     p.causal = 1;
     p.n_splits = S;
     p.window_staged = window_regs ? 0 : 1;
+    if (window_weight > 0) p.window_weight = window_weight;
     p.n_row_chunks = 1;
     p.rows_per_chunk = 8;
     p.ws_o = bf.ws_o;
