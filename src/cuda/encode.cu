@@ -415,11 +415,7 @@ __device__ __forceinline__ Pos pos_after(Pos q, int tt, int n_kv_heads, int n) {
   return q;
 }
 
-/// Timing variants (head_dim 128 only): WO (bulk_variant 3): one offset per warp (the warp's
-/// largest), so the offset scores −||c||² + O are added once per job into a per-warp table, not
-/// per chunk; FM (bulk_variant 4): chunk maxima with 2-input float max (FMNMX) instead of the
-/// fused 3-input integer max (same maxima for positive scores, so the same keys).
-template <int D, int SD, int SPL, bool WO = false, bool FM = false>
+template <int D, int SD, int SPL>
 __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL * SD <= 32 ? 2 : 1))
     vq_encode_bulk_kernel(const EncodeParams p) {
   constexpr int kNSub = D / SD;
@@ -435,8 +431,7 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
   float* const s_cb2 = reinterpret_cast<float*>(smem);                           // [nC][SD] 2·c
   float* const s_nn = s_cb2 + nC * SD;                                            // [nC] −||c||²
   uint32_t* const s_code = reinterpret_cast<uint32_t*>(s_nn + nC);               // [warps][TPJ·kNSub]
-  float* const s_no = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub);  // [warps][nC] (WO only)
-  float* const s_x = s_no + (WO ? kEncWarps * nC : 0);  // [warps][TPJ][D] (deq only)
+  float* const s_x = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub);  // [warps][TPJ][D] (deq only)
   for (int i = tid; i < nC * SD / 4; i += 256) {
     float4 f = reinterpret_cast<const float4*>(sd.cb)[i];
     f.x *= 2.0f, f.y *= 2.0f, f.z *= 2.0f, f.w *= 2.0f;
@@ -566,31 +561,17 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
     }
     // O + max_c(2x·c − ||c||²) = O + ||x||² − min_c||x − c||² ≥ O − 2||x||·cmin − cmin², so this O
     // keeps the best score of every slot ≥ 2||x||·cmin + cmin² + 1e-3·R² > the margin
-    if constexpr (WO) {
-#pragma unroll
-      for (int o = 16; o >= 1; o >>= 1) xn = fmaxf(xn, __shfl_xor_sync(0xffffffffu, xn, o));
-    }
     const float off = 2.0f * (2.0f * xn * cmin + cmin * cmin) + 1e-3f * (xn + cmax) * (xn + cmax);
-    float* const now = s_no + warp * nC;
-    if constexpr (WO) {
-      for (int i = lane; i < nC; i += 32) now[i] = __fadd_rn(s_nn[i], off);
-      __syncwarp();
-    }
-    // offset score of centroid c: −||c||² + O (the same f32 value wherever it is needed)
-    auto nno = [&](int c) { return WO ? now[c] : __fadd_rn(s_nn[c], off); };
     // 4. scan: chunk maxima of O + 2x·c − ||c||² as integers, the best two chunks as keys
     int m1[SPL], m2[SPL];
 #pragma unroll
     for (int s = 0; s < SPL; ++s) m1[s] = m2[s] = INT_MIN;
-    const float4* const nn4 = reinterpret_cast<const float4*>(WO ? now : s_nn);
+    const float4* const nn4 = reinterpret_cast<const float4*>(s_nn);
 #pragma unroll(SPL >= 8 ? 2 : 1)
     for (int ch = 0, k = 0; ch < nC; ch += kChunk, ++k) {
       const float4 na = nn4[ch / 4], nb = nn4[ch / 4 + 1];
-      float no[kChunk] = {na.x, na.y, na.z, na.w, nb.x, nb.y, nb.z, nb.w};
-      if constexpr (!WO) {
-#pragma unroll
-        for (int c = 0; c < kChunk; ++c) no[c] = __fadd_rn(no[c], off);
-      }
+      const float no[kChunk] = {__fadd_rn(na.x, off), __fadd_rn(na.y, off), __fadd_rn(na.z, off), __fadd_rn(na.w, off),
+                                __fadd_rn(nb.x, off), __fadd_rn(nb.y, off), __fadd_rn(nb.z, off), __fadd_rn(nb.w, off)};
       int cm[SPL];
 #pragma unroll
       for (int c = 0; c < kChunk; c += 2) {
@@ -602,12 +583,8 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
           float a = no[c], b = no[c + 1];
 #pragma unroll
           for (int j = 0; j < SD; ++j) a = __fmaf_rn(x[s][j], v0[j], a), b = __fmaf_rn(x[s][j], v1[j], b);
-          if constexpr (FM) {
-            cm[s] = __float_as_int(c == 0 ? fmaxf(a, b) : fmaxf(fmaxf(__int_as_float(cm[s]), a), b));
-          } else {
-            const int ia = __float_as_int(a), ib = __float_as_int(b);
-            cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
-          }
+          const int ia = __float_as_int(a), ib = __float_as_int(b);
+          cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
         }
       }
 #pragma unroll
@@ -643,7 +620,7 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
               uint32_t mask = 0;
 #pragma unroll
               for (int c = 0; c < kChunk; ++c) {
-                const float sc = fast_score<SD>(x[s], s_cb2, ch + c, nno(ch + c));
+                const float sc = fast_score<SD>(x[s], s_cb2, ch + c, __fadd_rn(s_nn[ch + c], off));
                 mask |= uint32_t(sc >= thr) << c;
               }
               if (__popc(mask) == 1) {
@@ -664,7 +641,7 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
               // every centroid within the margin, by its fast score, re-ranked by the oracle (ascending
               // index, strict <: ties to the lowest)
               for (int c = 0; c < nC; ++c) {
-                if (fast_score<SD>(x[s], s_cb2, c, nno(c)) >= thr) {
+                if (fast_score<SD>(x[s], s_cb2, c, __fadd_rn(s_nn[c], off)) >= thr) {
                   float v[SD];
                   load_centroid<SD>(sd.cb, c, v);
                   const float e = oracle_dist<SD>(x[s], v);
@@ -893,14 +870,14 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D, int SD, int SPL, bool WO = false, bool FM = false>
+template <int D, int SD, int SPL>
 void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
   const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
                                                         : (p.k_sub == SD ? p.k_bits : p.v_bits));
   const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * kNSub * 4 +
-                      (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0) + (WO ? size_t(kEncWarps) * nmax * 4 : 0);
-  auto kern = vq_encode_bulk_kernel<D, SD, SPL, WO, FM>;
+                      (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0);
+  auto kern = vq_encode_bulk_kernel<D, SD, SPL>;
   static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
   int dev = 0;
   VQ_CUDA_CHECK(cudaGetDevice(&dev));
@@ -928,17 +905,7 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   else if (p.bulk_variant == 1 && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 256)
     encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
   else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
-  else if (p.bulk_variant == 3 || p.bulk_variant == 4) {
-    // timing variants, built for head_dim 128 (elsewhere, and for WO's table beyond 1024
-    // centroids, the default v2 kernel runs)
-    if constexpr (D == 128) {
-      if (p.bulk_variant == 4) encode_bulk_t<D, SD, kSplBulk, false, true>(p, s);
-      else if ((1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 1024) encode_bulk_t<D, SD, kSplBulk, true>(p, s);
-      else encode_bulk_t<D, SD, kSplBulk>(p, s);
-    } else {
-      encode_bulk_t<D, SD, kSplBulk>(p, s);
-    }
-  } else encode_t<D, SD, kSplBulk, 1>(p, s);
+  else encode_t<D, SD, kSplBulk, 1>(p, s);
 }
 
 template <int D>

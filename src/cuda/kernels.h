@@ -160,10 +160,8 @@ struct EncodeParams {
                               ///< 1 (default): codebooks of <= 256 centroids run the v2 kernel
                               ///< (transform in registers, packed chunk keys, per-lane score
                               ///< offset, 4 sub-vectors per lane), larger ones the previous one;
-                              ///< 2: v2 with 8 sub-vectors per lane, any codebook; 3: v2 with one
-                              ///< score offset per warp; 4: v2 with float chunk maxima (3 and 4:
-                              ///< head_dim 128 only, else v2); 0: the previous kernel. Same codes
-                              ///< from all (kept for same-run comparisons).
+                              ///< 2: v2 with 8 sub-vectors per lane, any codebook; 0: the previous
+                              ///< kernel. Same codes from all (kept for same-run comparisons).
 };
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and

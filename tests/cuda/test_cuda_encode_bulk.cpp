@@ -1,5 +1,5 @@
 // tests/cuda/test_cuda_encode_bulk.cpp — every bulk encode kernel (EncodeParams::bulk_variant
-// 0 to 4) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
+// 0, 1, 2) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
 // CPU encoder) and values (the CPU encoder alone): head_dim 64/128/256, sub_dim 4/8, 8/10/12-bit
 // codebooks, F16/BF16/F32 sources, contiguous and strided rows, a partial last warp job, rows of
 // very different norms. Codes must be bit-identical; the variants must agree with each other.
@@ -105,7 +105,7 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
     e.error_flag = err.ptr<int>();
     e.sides = 3;
     std::vector<std::vector<uint8_t>> got_all;
-    for (const int variant : {0, 1, 2, 3, 4}) {
+    for (const int variant : {0, 1, 2}) {
       SCOPED_TRACE("bulk_variant " + std::to_string(variant));
       e.bulk_variant = variant;
       ASSERT_EQ(cudaMemset(kc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
@@ -152,7 +152,7 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
       w.lambda = nullptr;  // identity: dequantized keys are FWHT(ĉ)·scale
       w.residual_length = R;
       std::vector<std::vector<uint16_t>> rows_all;
-      for (const int variant : {0, 1, 2, 3, 4}) {
+      for (const int variant : {0, 1, 2}) {
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
         w.bulk_variant = variant;
         ASSERT_EQ(cudaMemset(kw.data(), 0x7B, size_t(kw.nbytes())), cudaSuccess);

@@ -91,7 +91,7 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.residual_length = 0;
       e.error_flag = err.ptr<int>();
       e.sides = 2;  // values: no transform, so the crafted sub-vectors reach the search as they are
-      for (const int variant : {0, 1, 2, 3, 4}) {  // every bulk kernel (EncodeParams::bulk_variant)
+      for (const int variant : {0, 1, 2}) {  // every bulk kernel (EncodeParams::bulk_variant)
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
         e.bulk_variant = variant;
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
