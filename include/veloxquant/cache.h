@@ -23,6 +23,10 @@
 #include "veloxquant/attention.h"
 #include "veloxquant/pq.h"
 #include "veloxquant/smooth.h"
+
+namespace veloxquant {
+class ThreadPool;
+}
 #include "veloxquant/tensor.h"
 
 namespace veloxquant {
@@ -61,6 +65,10 @@ struct KVCacheConfig {
   DType storage_dtype = DType::F16;     ///< dtype of fetched/held fp16 parts (F16 or BF16)
   int64_t step = 256;                   ///< growth granularity in tokens, as mlx_lm
   int n_threads = 0;                    ///< CPU threads; 0: hardware concurrency
+  /// A CPU thread pool to share (e.g. one for every layer of a model, or the model's own);
+  /// null: the cache makes its own pool of n_threads. Concurrent calls on a shared pool are
+  /// serialised (thread_pool.h), so sharing is safe but gives no parallelism across callers.
+  std::shared_ptr<ThreadPool> thread_pool;
   Device device{};                      ///< CPU, or CUDA (builds with CUDA only)
   void* stream = nullptr;               ///< cudaStream_t for CUDA caches (opaque); null = default
 

@@ -70,7 +70,7 @@ class FP16KVCache final : public KVCache {
   Tensor values_;  // [batch, n_kv_heads, capacity, head_dim] storage_dtype
   int64_t capacity_ = 0;
   int64_t offset_ = 0;
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<ThreadPool> pool_;  // config.thread_pool, or its own
 };
 
 }  // namespace veloxquant

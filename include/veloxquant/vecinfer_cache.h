@@ -214,7 +214,7 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   // MemoryBound: the exact window, ring slot p % residual_length.
   Tensor ring_keys_;    // [batch, n_kv_heads, residual_length, head_dim] storage_dtype
   Tensor ring_values_;  // [batch, n_kv_heads, residual_length, head_dim] storage_dtype
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<ThreadPool> pool_;  // config.thread_pool, or its own
 };
 
 }  // namespace veloxquant

@@ -21,7 +21,7 @@ FP16KVCache::FP16KVCache(const KVCacheConfig& config) : config_(config) {
                                                                                     << " (use KVCacheFactory)");
   config_.kind = CacheKind::FP16;
   n_kv_heads_ = config.n_kv_heads;
-  pool_ = std::make_unique<ThreadPool>(config.n_threads);
+  pool_ = config.thread_pool ? config.thread_pool : std::make_shared<ThreadPool>(config.n_threads);
 }
 
 FP16KVCache::~FP16KVCache() = default;

@@ -87,7 +87,7 @@ struct KiviKVCache::Impl {
     std::vector<uint16_t> exact_keys, exact_values;
   };
   std::vector<Slot> slots;  // [batch · n_kv_heads]
-  std::unique_ptr<ThreadPool> pool;
+  std::shared_ptr<ThreadPool> pool;
 };
 
 KiviKVCache::KiviKVCache(const KiviConfig& config) : config_(config), impl_(std::make_unique<Impl>()) {
@@ -99,7 +99,7 @@ KiviKVCache::KiviKVCache(const KiviConfig& config) : config_(config), impl_(std:
   base_config_.n_threads = config_.n_threads;
   n_kv_heads_ = config_.n_kv_heads;
   impl_->row_bytes = packed_row_bytes(config_.head_dim, config_.bits);
-  impl_->pool = std::make_unique<ThreadPool>(config_.n_threads);
+  impl_->pool = std::make_shared<ThreadPool>(config_.n_threads);
 }
 
 KiviKVCache::~KiviKVCache() = default;

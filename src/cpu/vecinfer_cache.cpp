@@ -90,7 +90,7 @@ VecInferKVCache::VecInferKVCache(const KVCacheConfig& config) : config_(config) 
     config_.n_kv_heads = h;
   }
   config_.smooth_factors.reset();
-  pool_ = std::make_unique<ThreadPool>(config_.n_threads);
+  pool_ = config_.thread_pool ? config_.thread_pool : std::make_shared<ThreadPool>(config_.n_threads);
 }
 
 VecInferKVCache::~VecInferKVCache() = default;

@@ -100,7 +100,7 @@ std::unique_ptr<Model> Model::load(const std::filesystem::path& dir, const Model
     L.b_up = bias_of(ws, layer_name(i, "mlp.up_proj.bias"), I, c.mlp_bias);
     L.b_down = bias_of(ws, layer_name(i, "mlp.down_proj.bias"), H, c.mlp_bias);
   }
-  m->pool_ = std::make_unique<ThreadPool>(options.n_threads);
+  m->pool_ = std::make_shared<ThreadPool>(options.n_threads);
   return m;
 }
 
@@ -252,6 +252,10 @@ KVCacheConfig cache_config_for(const Model& model, const CacheOptions& o) {
   k.value_sub_dim = o.value_spec.sub_dim;
   k.value_codebook_bits = o.value_spec.codebook_bits;
   k.seed = o.seed;
+  // One set of threads for every layer (the model runs them one after another): the model's
+  // own pool, or one pool of the requested size.
+  k.thread_pool = (o.n_threads == 0 || o.n_threads == model.pool().size()) ? model.shared_pool()
+                                                                          : std::make_shared<ThreadPool>(o.n_threads);
   k.fused_sdpa = o.mode != CacheMode::Standard;
   k.fused_sdpa_memory_bound = o.mode == CacheMode::MemoryBound;
   return k;

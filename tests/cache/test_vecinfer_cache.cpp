@@ -9,6 +9,9 @@
 
 #include "cache/cache_test_util.h"
 #include "veloxquant/error.h"
+#include "veloxquant/fp16_cache.h"
+#include "veloxquant/thread_pool.h"
+#include "veloxquant/vecinfer_cache.h"
 
 using namespace veloxquant;
 using namespace vq_test;
@@ -350,4 +353,48 @@ TEST(VecInferCache, SeedRoundTripsOverTheFullUnsignedRange) {
     EXPECT_THROW(d.restore(c.state(), bad), FormatError);
     EXPECT_EQ(snapshot(d), before);
   }
+}
+
+// A thread pool shared through KVCacheConfig::thread_pool (one set of threads for every layer
+// of a model): every cache runs on it, and results are bit-identical to caches with their own
+// pools of the same size (tasks are thread-count independent; the pool only schedules them).
+TEST(VecInferCache, SharedThreadPoolIsUsedAndGivesIdenticalResults) {
+  std::mt19937_64 rng(31);
+  auto shared = std::make_shared<ThreadPool>(2);
+  std::vector<std::unique_ptr<KVCache>> own, with_shared;
+  for (int layer = 0; layer < 3; ++layer) {
+    KVCacheConfig c = vq_config(CacheMode::MemoryBound, 128, 16, 8, 4, 8, 8);
+    c.seed = uint64_t(layer);
+    c.n_threads = 2;
+    own.push_back(KVCacheFactory::create(c));
+    c.thread_pool = shared;
+    with_shared.push_back(KVCacheFactory::create(c));
+  }
+  KVCacheConfig cf;
+  cf.kind = CacheKind::FP16;
+  cf.head_dim = 128;
+  cf.n_threads = 2;
+  own.push_back(KVCacheFactory::create(cf));
+  cf.thread_pool = shared;
+  with_shared.push_back(KVCacheFactory::create(cf));
+  EXPECT_EQ(&dynamic_cast<VecInferKVCache&>(*with_shared[0]).pool(), shared.get());
+  EXPECT_EQ(&dynamic_cast<VecInferKVCache&>(*with_shared[2]).pool(), shared.get());
+  EXPECT_EQ(&dynamic_cast<FP16KVCache&>(*with_shared[3]).pool(), shared.get());
+  EXPECT_NE(&dynamic_cast<VecInferKVCache&>(*own[0]).pool(), shared.get());
+  for (int64_t n : {200, 1, 37}) {
+    for (size_t i = 0; i < own.size(); ++i) {
+      KV a = random_kv(2, 2, n, 128, DType::F16, true, rng);
+      own[i]->update(a.k.view, a.v.view);
+      with_shared[i]->update(a.k.view, a.v.view);
+      Tensor4 q = random_tensor4({2, 8, 1, 128}, DType::F16, false, rng);
+      EXPECT_TRUE(bit_equal(sdpa_values(*own[i], q.view, SdpaParams{}), sdpa_values(*with_shared[i], q.view, SdpaParams{})))
+          << "cache " << i << " after " << n << " tokens";
+    }
+  }
+  own.clear();
+  with_shared.clear();
+  // The caches are gone; the pool they shared still works for its owner.
+  std::atomic<int> count{0};
+  shared->parallel_for(10, [&](int64_t, int) { ++count; });
+  EXPECT_EQ(count.load(), 10);
 }

@@ -83,6 +83,8 @@ class Model {
   const WeightStore& weights() const { return weights_; }
   const std::filesystem::path& dir() const { return dir_; }
   ThreadPool& pool() const { return *pool_; }
+  /// The model's pool as shared ownership (the layer caches of make_caches use it).
+  std::shared_ptr<ThreadPool> shared_pool() const { return pool_; }
   const RopeFrequencies& rope() const { return rope_; }
   /// The attention parameters every layer uses (scale 1/sqrt(head_dim), causal, sliding window).
   SdpaParams sdpa_params() const;
@@ -119,7 +121,7 @@ class Model {
   WeightView lm_head_;
   std::vector<float> final_norm_;
   std::vector<LayerWeights> layers_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::shared_ptr<ThreadPool> pool_;
 };
 
 // ---- caches --------------------------------------------------------------------------------
@@ -137,7 +139,7 @@ struct CacheOptions {
   PQSpec key_spec{4, 12};
   PQSpec value_spec{8, 8};
   uint64_t seed = 0;                 ///< random codebooks: layer i uses seed + i
-  int n_threads = 0;                 ///< threads of each cache's pool; 0: default_threads()
+  int n_threads = 0;                 ///< cache threads; 0 or the model's count: the model's pool, shared by every layer; else one pool of n_threads shared by every layer
 };
 
 /// The base KVCacheConfig of `model` for `options` (head_dim, n_kv_heads, mode flags, ...).
