@@ -307,7 +307,6 @@ void KiviKVCache::fused_sdpa_into(const TensorView& queries, const TensorView& o
   VQ_CHECK_SHAPE(!params.causal || Lq <= offset_, "queries: q_len " << Lq << " > cached tokens " << offset_);
   const int group = int(Hq / n_kv_heads_);
   const float scale = params.scale > 0 ? params.scale : float(1.0 / std::sqrt(double(D)));
-  const int64_t rb = impl_->row_bytes;
   Tensor qf = Tensor::to_f32(queries);
   Tensor of = Tensor::empty(queries.sizes(), DType::F32);
   // One task per (batch, kv head): the codes are unpacked once and serve every query head of
