@@ -10,8 +10,11 @@
 //   tokens  a latent content vector per token (an AR(1) process over positions, shared by all
 //           layers and heads and mapped per head), so nearby tokens are correlated.
 //   queries per query head (GQA: kv head = head / (n_heads / n_kv_heads)): a retrieval
-//           component aligned with the latent of a random earlier token, plus a bias on the
-//           outlier channels (real queries share the keys' massive channels), plus noise, RoPE'd
+//           component aligned with the latent of a random earlier token (weighted by
+//           key_scale^-β, so it is *smaller* on the outlier channels), plus a small random bias
+//           on the outlier channels (std query_outlier_bias; real queries share the keys' massive
+//           channels far more strongly: docs/synthetic-kv.md says how that moves the quality
+//           bars), plus noise, RoPE'd
 //           at the query's position, then scaled so that the scores q·k/√head_dim over the
 //           context have standard deviation `score_std` (neither uniform nor one-hot softmax).
 #pragma once
