@@ -87,7 +87,9 @@ std::string key_str(const AttnConfigKey& k) {
   return os.str();
 }
 
-/// Raises the dynamic shared-memory limit of a kernel once per device.
+/// Raises the dynamic shared-memory limit of a kernel once per device (and checks, for the
+/// 64 KB-aligned codebook layout, that dynamic shared memory starts where it was sized for:
+/// after the 0 or 1 KB the driver reserves per block, as on sm_80/sm_90).
 void ensure_smem_attr(const AttnEntry& e) {
   static std::mutex mu;
   static std::set<std::pair<int, const void*>> done;
@@ -95,6 +97,14 @@ void ensure_smem_attr(const AttnEntry& e) {
   VQ_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(mu);
   if (done.count({dev, e.kernel})) return;
+  if (e.prmt) {
+    int reserved = 0;
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    VQ_CHECK_T(reserved == 0 || reserved == 1024, UnsupportedError,
+               "CUDA attention: device " << dev << " reserves " << reserved
+                                         << " bytes of shared memory per block; the 8-bit codebook layout of "
+                                         << key_str(e.key) << " is sized for 0 or 1024");
+  }
   VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
   done.insert({dev, e.kernel});
 }

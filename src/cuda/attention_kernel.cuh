@@ -854,7 +854,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int i = 0; i < T::kKSpt; ++i) {
               const int d0 = (t * T::kKSpt + i) * KS;
-              uint32_t e0[KS / 2], e1[KS / 2];
+              uint32_t e0[KS / 2];
+              [[maybe_unused]] uint32_t e1[KS / 2];  // kWT == 16 only
               row_words(wk, g, d0, e0);
               if constexpr (kWT == 16) row_words(wk, g + 8, d0, e1);
 #pragma unroll
@@ -1090,6 +1091,7 @@ struct AttnEntry {
   int k_row, v_row;  ///< code row strides the kernel is compiled for
   void (*launch)(const AttnParams&, dim3, cudaStream_t);
   int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
+  int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
 };
 
 template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
@@ -1108,7 +1110,9 @@ AttnEntry attn_entry() {
           T::kThreads,
           T::kKRow,
           T::kVRow,
-          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>};
+          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>,
+          0,
+          int(T::kPrmt)};
 }
 
 }  // namespace veloxquant::cuda
