@@ -542,6 +542,36 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
   auto vtok = [&](int q) -> int { return 2 * t + (q & 1) + 8 * (q >> 1); };
 
+  // Score MMAs of sub-vector i for token groups h < kGroups (B fragments e[h], one centroid
+  // each): even k-steps accumulate into `even`, odd ones into `odd` with one row tile (they
+  // run as rows g + 8 of the shared A fragment) or, with kSplit, for ILP; fold() adds them.
+  using std::integral_constant;
+  auto score_sub = [&](int i, const uint32_t (&e0)[KS / 2], const uint32_t (&e1)[KS / 2], float (&even)[2][4],
+                       float (&odd)[2][4], auto split_tag, auto groups_tag) {
+    constexpr bool kSplit = decltype(split_tag)::value;
+    constexpr int kGroups = decltype(groups_tag)::value;
+#pragma unroll
+    for (int part = 0; part < T::kKStepsPerSub; ++part) {
+      const int ks = i * T::kKStepsPerSub + part;
+      const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
+      float(&acc)[2][4] = ((NT == 1 || kSplit) && (ks & 1)) ? odd : even;
+      mma_f16(acc[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
+      if constexpr (kGroups == 2) mma_f16(acc[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
+    }
+  };
+  auto fold = [&](float (&even)[2][4], const float (&odd)[2][4], auto split_tag) {
+    constexpr bool kSplit = decltype(split_tag)::value;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      if constexpr (NT == 1) {  // odd k-steps ran as rows g + 8
+        even[h][0] += odd[h][2], even[h][1] += odd[h][3];
+      } else if constexpr (kSplit) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) even[h][e] += odd[h][e];
+      }
+    }
+  };
+
   // Masks a tile's scores s[kt][h][2n + e] (row n·8 + g, token base + kt·16 + 8h + 2t + e)
   // against [.., end) and the rows' bounds.
   auto mask_scores = [&](float (&s)[KT][2][4], int base, int end) {
@@ -687,28 +717,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           uint32_t e0[KS / 2], e1[KS / 2];
           lds_entry_s<T::kEK>(k_at(a0, i), e0);
           lds_entry_s<T::kEK>(k_at(a1, i), e1);
-#pragma unroll
-          for (int part = 0; part < T::kKStepsPerSub; ++part) {
-            const int ks = i * T::kKStepsPerSub + part;
-            const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
-            if (ks & 1) {
-              mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-              mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-            } else {
-              mma_f16(s[kt][0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-              mma_f16(s[kt][1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-            }
-          }
+          score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, true>{}, integral_constant<int, 2>{});
         }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          if constexpr (NT == 2) {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[kt][h][e] += s1[h][e];
-          } else {  // odd k-steps ran as rows g + 8
-            s[kt][h][0] += s1[h][2], s[kt][h][1] += s1[h][3];
-          }
-        }
+        fold(s[kt], s1, integral_constant<bool, true>{});
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
@@ -858,28 +869,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               [[maybe_unused]] uint32_t e1[KS / 2];  // kWT == 16 only
               row_words(wk, g, d0, e0);
               if constexpr (kWT == 16) row_words(wk, g + 8, d0, e1);
-#pragma unroll
-              for (int part = 0; part < T::kKStepsPerSub; ++part) {
-                const int ks = i * T::kKStepsPerSub + part;
-                const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
-                if (NT == 1 && (ks & 1)) {
-                  mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-                  if constexpr (kWT == 16) mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-                } else {
-                  mma_f16(s0[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-                  if constexpr (kWT == 16) mma_f16(s0[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-                }
-              }
+              score_sub(i, e0, e1, s0, s1, integral_constant<bool, false>{}, integral_constant<int, kWT / 8>{});
             }
+            fold(s0, s1, integral_constant<bool, false>{});
 #pragma unroll
-            for (int h = 0; h < kWT / 8; ++h) {
-              if constexpr (NT == 1) {
-                s[0][h][0] = s0[h][0] + s1[h][2], s[0][h][1] = s0[h][1] + s1[h][3];
-              } else {
+            for (int h = 0; h < kWT / 8; ++h)
 #pragma unroll
-                for (int e = 0; e < 4; ++e) s[0][h][e] = s0[h][e] + s1[h][e];
-              }
-            }
+              for (int e = 0; e < 2 * NT; ++e) s[0][h][e] = s0[h][e];
           }
           mask_scores(s, base, base + n);
           softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
@@ -910,23 +906,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           uint32_t e0[KS / 2], e1[KS / 2];
           ldg_row<T::kEK, kBf16>(r0 + d0, p0 < w1, e0);
           ldg_row<T::kEK, kBf16>(r1 + d0, p1 < w1, e1);
-#pragma unroll
-          for (int part = 0; part < T::kKStepsPerSub; ++part) {
-            const int ks = i * T::kKStepsPerSub + part;
-            const uint32_t(&q)[4] = qa[NT == 2 ? ks : ks / 2];
-            if (NT == 1 && (ks & 1)) {
-              mma_f16(s1[0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-              mma_f16(s1[1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-            } else {
-              mma_f16(s[kt][0], q[0], q[1], q[2], q[3], e0[2 * part], e0[2 * part + 1]);
-              mma_f16(s[kt][1], q[0], q[1], q[2], q[3], e1[2 * part], e1[2 * part + 1]);
-            }
-          }
+          score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, false>{}, integral_constant<int, 2>{});
         }
-        if constexpr (NT == 1) {
-#pragma unroll
-          for (int h = 0; h < 2; ++h) s[kt][h][0] += s1[h][2], s[kt][h][1] += s1[h][3];
-        }
+        fold(s[kt], s1, integral_constant<bool, false>{});
       }
       mask_scores(s, base, w1);
       softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
