@@ -560,7 +560,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   };
   auto fold = [&](float (&even)[2][4], const float (&odd)[2][4], auto split_tag) {
-    constexpr bool kSplit = decltype(split_tag)::value;
+    [[maybe_unused]] constexpr bool kSplit = decltype(split_tag)::value;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       if constexpr (NT == 1) {  // odd k-steps ran as rows g + 8
