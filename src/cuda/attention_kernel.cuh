@@ -447,31 +447,31 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   // ---- codebooks into shared memory, replicated (loads issued before the query work) -------
+  // Copy k of entry c sits at row c / G, bank group k·G + c mod G (G entries per 128-byte group).
+  auto replicate = [&](unsigned char* base, const auto& regs, auto n_tag, auto copies_tag, auto groups_tag,
+                       auto entry_tag) {
+    constexpr int N = decltype(n_tag)::value, R = decltype(copies_tag)::value;
+    constexpr int Gp = decltype(groups_tag)::value, E = decltype(entry_tag)::value;
+    constexpr int kPer = int(sizeof(regs) / (E));
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const int c = tid + i * T::kThreads;
+      const int row = c / Gp, col = c % Gp;
+#pragma unroll
+      for (int cp = 0; cp < R; ++cp) {
+        if (c >= N) break;
+        uint32_t* dst = reinterpret_cast<uint32_t*>(base + row * T::kCbRow + (cp * Gp + col) * E);
+#pragma unroll
+        for (int j = 0; j < E / 4; ++j) dst[j] = regs[i][j];
+      }
+    }
+  };
   if (has_code) {
-#pragma unroll
-    for (int i = 0; i < kKPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const int row = c / T::kGK, col = c % T::kGK;
-#pragma unroll
-      for (int cp = 0; cp < T::kRK; ++cp) {
-        if (c >= T::kNK) break;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(sK + row * T::kCbRow + (cp * T::kGK + col) * T::kEK);
-#pragma unroll
-        for (int j = 0; j < T::kEK / 4; ++j) dst[j] = kreg[i][j];
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kVPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const int row = c / T::kGV, col = c % T::kGV;
-#pragma unroll
-      for (int cp = 0; cp < T::kRV; ++cp) {
-        if (c >= T::kNV) break;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(sV + row * T::kCbRow + (cp * T::kGV + col) * T::kEV);
-#pragma unroll
-        for (int j = 0; j < T::kEV / 4; ++j) dst[j] = vreg[i][j];
-      }
-    }
+    using std::integral_constant;
+    replicate(sK, kreg, integral_constant<int, T::kNK>{}, integral_constant<int, T::kRK>{},
+              integral_constant<int, T::kGK>{}, integral_constant<int, T::kEK>{});
+    replicate(sV, vreg, integral_constant<int, T::kNV>{}, integral_constant<int, T::kRV>{},
+              integral_constant<int, T::kGV>{}, integral_constant<int, T::kEV>{});
   }
   __syncthreads();
   stamp(1);
