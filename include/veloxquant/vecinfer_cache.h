@@ -185,6 +185,7 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   ThreadPool& pool() const { return *pool_; }
 
  private:
+  Tensor dequantized_f32(bool keys) const;  // the two dequantized_*_f32 above
   std::optional<CacheState> staged_state_;  // set_state waiting for its set_meta_state
   void check_kv(const TensorView& keys, const TensorView& values) const;
   void append(const TensorView& keys, const TensorView& values);

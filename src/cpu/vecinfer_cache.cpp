@@ -436,37 +436,24 @@ Tensor VecInferKVCache::window_values() const {
   return t;
 }
 
-Tensor VecInferKVCache::dequantized_keys_f32() const {
-  const int64_t D = config_.head_dim, nc = offset_ - residual_count_;
-  Tensor out = Tensor::empty({batch_, n_kv_heads_, offset_, D}, DType::F32);
-  if (mode_ == CacheMode::Standard) {
-    copy_into(rows_view(keys_, config_.storage_dtype, batch_, n_kv_heads_, capacity_, D, 0, offset_), out.view());
-    return out;
-  }
-  const Tensor codes = key_codes();
-  const Tensor win = window_keys();
-  for (int64_t bh = 0; bh < batch_ * n_kv_heads_; ++bh) {
-    float* dst = out.ptr<float>() + bh * offset_ * D;
-    key_pq_.decode(codes.ptr<uint8_t>() + bh * offset_ * key_pq_.code_bytes, nc, dst);
-    if (nc > 0) transform_.inverse_keys(dst, nc, int(bh % n_kv_heads_));
-    detail::load_row_f32(static_cast<const char*>(win.data()) + bh * residual_count_ * D * 2, config_.storage_dtype, 1,
-                         residual_count_ * D, dst + nc * D);
-  }
-  return out;
-}
+Tensor VecInferKVCache::dequantized_keys_f32() const { return dequantized_f32(true); }
+Tensor VecInferKVCache::dequantized_values_f32() const { return dequantized_f32(false); }
 
-Tensor VecInferKVCache::dequantized_values_f32() const {
+Tensor VecInferKVCache::dequantized_f32(bool keys) const {
   const int64_t D = config_.head_dim, nc = offset_ - residual_count_;
   Tensor out = Tensor::empty({batch_, n_kv_heads_, offset_, D}, DType::F32);
   if (mode_ == CacheMode::Standard) {
-    copy_into(rows_view(values_, config_.storage_dtype, batch_, n_kv_heads_, capacity_, D, 0, offset_), out.view());
+    copy_into(rows_view(keys ? keys_ : values_, config_.storage_dtype, batch_, n_kv_heads_, capacity_, D, 0, offset_),
+              out.view());
     return out;
   }
-  const Tensor codes = value_codes();
-  const Tensor win = window_values();
+  const ProductQuantizer& pq = keys ? key_pq_ : value_pq_;
+  const Tensor codes = keys ? key_codes() : value_codes();
+  const Tensor win = keys ? window_keys() : window_values();
   for (int64_t bh = 0; bh < batch_ * n_kv_heads_; ++bh) {
     float* dst = out.ptr<float>() + bh * offset_ * D;
-    value_pq_.decode(codes.ptr<uint8_t>() + bh * offset_ * value_pq_.code_bytes, nc, dst);
+    pq.decode(codes.ptr<uint8_t>() + bh * offset_ * pq.code_bytes, nc, dst);
+    if (keys && nc > 0) transform_.inverse_keys(dst, nc, int(bh % n_kv_heads_));
     detail::load_row_f32(static_cast<const char*>(win.data()) + bh * residual_count_ * D * 2, config_.storage_dtype, 1,
                          residual_count_ * D, dst + nc * D);
   }
