@@ -117,4 +117,60 @@ inline uint16_t float_to_bf16(float f) {
 /// Rounds a float through fp16 and back (what storing it in an fp16 buffer does).
 inline float round_to_half(float f) { return half_to_float(float_to_half(f)); }
 
+// ---- OCP FP8 E4M3 (bias 7, no infinities, 0x7F/0xFF = NaN, largest finite 448) ----
+// Used for the codebooks the CUDA attention kernel reads (CodebookFormat::E4M3), stored as
+// round_e4m3(c·s) with a power-of-two scale s (e4m3_codebook_scale) that the kernel undoes.
+
+/// The value of an E4M3 byte (exact in float).
+inline float e4m3_to_float(uint8_t b) {
+  const bool neg = (b & 0x80u) != 0;
+  const int e = (b >> 3) & 0xF, m = b & 0x7;
+  if (e == 0xF && m == 0x7) return neg ? -__builtin_nanf("") : __builtin_nanf("");
+  // subnormals: m · 2^-9; normals: (8 + m) · 2^(e − 10)
+  const float v = e == 0 ? float(m) * (1.0f / 512.0f) : float(8 + m) * __builtin_ldexpf(1.0f, e - 10);
+  return neg ? -v : v;
+}
+
+/// Round to nearest even, saturating to ±448 (PTX cvt.rn.satfinite.e4m3x2 semantics); NaN → 0x7F.
+inline uint8_t float_to_e4m3(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint8_t sign = uint8_t((x >> 24) & 0x80u);
+  const uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax > 0x7F800000u) return 0x7F;
+  if (ax >= 0x43E00000u) return uint8_t(sign | 0x7E);  // >= 448 (and inf): the largest finite
+  const int e = int(ax >> 23) - 127;                   // unbiased exponent (-127: zero/subnormal)
+  // quantum of the target: 2^-9 below 2^-6 (subnormals), else 2^(e − 3)
+  const int qexp = e < -6 ? -9 : e - 3;
+  float a;
+  std::memcpy(&a, &ax, 4);
+  const float q = __builtin_ldexpf(a, -qexp);  // exact: a power-of-two scaling
+  // round half to even on the integer grid
+  float r = __builtin_floorf(q);
+  const float frac = q - r;
+  if (frac > 0.5f || (frac == 0.5f && __builtin_fmodf(r, 2.0f) != 0.0f)) r += 1.0f;
+  uint32_t code;
+  if (qexp == -9) {
+    code = uint32_t(r);  // 0..8; 8 is the smallest normal (exponent field 1, mantissa 0)
+  } else {
+    // r in [8, 16]: 16 carries into the next binade
+    int ee = e, mm = int(r) - 8;
+    if (mm == 8) ++ee, mm = 0;
+    code = uint32_t((ee + 7) << 3 | mm);
+    if (code > 0x7Eu) code = 0x7E;
+  }
+  return uint8_t(sign | code);
+}
+
+/// The power of two s that maps a codebook of largest magnitude max_abs into [224, 448]
+/// (E4M3's top binade), so every centroid stays clear of its subnormals; 1 for 0 or non-finite.
+inline float e4m3_codebook_scale(float max_abs) {
+  if (!(max_abs > 0.0f) || !(max_abs < 3.0e38f)) return 1.0f;
+  if (448.0f / max_abs >= 0x1p126f) return 0x1p126f;  // a degenerate, all-but-zero codebook
+  int e = 0;
+  (void)__builtin_frexpf(448.0f / max_abs, &e);  // 448/max = f·2^e, f in [0.5, 1)
+  const float s = __builtin_ldexpf(1.0f, e - 1);
+  return max_abs * s <= 448.0f ? s : s * 0.5f;
+}
+
 }  // namespace veloxquant

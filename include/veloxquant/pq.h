@@ -79,6 +79,18 @@ struct ProductQuantizer {
   int64_t codebook_bytes_f16() const { return int64_t(n_centroids) * sub_dim * 2; }
 };
 
+/// A codebook as the CUDA attention kernels hold it with CodebookFormat::E4M3: bytes =
+/// float_to_e4m3(c · scale), scale = e4m3_codebook_scale(max |c|) (a power of two), and the
+/// centroids those bytes stand for, decoded = e4m3_to_float(byte) / scale (exact) — what the
+/// kernel's attention is computed with, so the oracle for it.
+struct E4M3Codebook {
+  std::vector<uint8_t> bytes;
+  float scale = 1.0f;
+  std::vector<float> decoded;
+};
+/// ValueError if the codebook holds a non-finite value.
+E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook);
+
 // Scalar oracles (src/ref/pq_ref.cpp): plain loops, never tuned.
 void pq_encode_ref(const ProductQuantizer& pq, const float* x, int64_t n, uint8_t* codes);
 void pq_decode_ref(const ProductQuantizer& pq, const uint8_t* codes, int64_t n, float* x);

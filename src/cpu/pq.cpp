@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "core/pq_internal.h"
+#include "veloxquant/dtype.h"
 #include "veloxquant/error.h"
 #include "veloxquant/pq.h"
 
@@ -225,6 +226,24 @@ void unpack_codes(const uint8_t* packed, int64_t n_rows, int64_t n_codes, int bi
       nacc -= bits;
     }
   }
+}
+
+E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook) {
+  float mx = 0.0f;
+  for (size_t i = 0; i < codebook.size(); ++i) {
+    VQ_CHECK_VALUE(std::isfinite(codebook[i]),
+                   "E4M3 codebook: element " << i << " of " << codebook.size() << " is not finite (" << codebook[i] << ")");
+    mx = std::max(mx, std::fabs(codebook[i]));
+  }
+  E4M3Codebook r;
+  r.scale = e4m3_codebook_scale(mx);
+  r.bytes.resize(codebook.size());
+  r.decoded.resize(codebook.size());
+  for (size_t i = 0; i < codebook.size(); ++i) {
+    r.bytes[i] = float_to_e4m3(codebook[i] * r.scale);  // exact product: a power of two
+    r.decoded[i] = e4m3_to_float(r.bytes[i]) / r.scale;
+  }
+  return r;
 }
 
 }  // namespace veloxquant
