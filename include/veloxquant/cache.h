@@ -41,6 +41,15 @@ const char* cache_mode_name(CacheMode m);
 
 enum class CacheKind { FP16, VecInfer };
 
+/// Precision of the codebooks a CUDA cache's attention kernel reads from shared memory (the
+/// CPU caches, encoding and fetching always use the f32 codebooks and ignore it).
+///  * F16: centroids rounded to fp16 (relative error <= 2^-11).
+///  * E4M3: centroids stored as OCP FP8 E4M3 after a power-of-two scale per codebook (relative
+///    error <= 2^-4): a shared-memory gather moves half the bytes, the kernel's bottleneck.
+///    What it costs in attention error is measured in docs/cuda-kernels.md ("E4M3 codebooks").
+enum class CodebookFormat { F16, E4M3 };
+const char* codebook_format_name(CodebookFormat f);  ///< "f16", "e4m3"
+
 /// Configuration with the original's fields. Defaults follow the original / the paper.
 struct KVCacheConfig {
   CacheKind kind = CacheKind::VecInfer;
@@ -71,6 +80,8 @@ struct KVCacheConfig {
   std::shared_ptr<ThreadPool> thread_pool;
   Device device{};                      ///< CPU, or CUDA (builds with CUDA only)
   void* stream = nullptr;               ///< cudaStream_t for CUDA caches (opaque); null = default
+  /// CUDA VecInfer caches: the codebooks fused_sdpa reads (see CodebookFormat).
+  CodebookFormat attention_codebooks = CodebookFormat::F16;
 
   CacheMode mode() const;
   PQSpec key_spec() const { return {key_sub_dim, key_codebook_bits}; }

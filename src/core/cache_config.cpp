@@ -17,6 +17,14 @@ const char* cache_mode_name(CacheMode m) {
   return "?";
 }
 
+const char* codebook_format_name(CodebookFormat f) {
+  switch (f) {
+    case CodebookFormat::F16: return "f16";
+    case CodebookFormat::E4M3: return "e4m3";
+  }
+  return "?";
+}
+
 CacheMode KVCacheConfig::mode() const {
   if (fused_sdpa_memory_bound) return CacheMode::MemoryBound;
   if (fused_sdpa) return CacheMode::Stash;

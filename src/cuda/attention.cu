@@ -45,7 +45,8 @@ const std::vector<AttnEntry>& registry() {
 
 bool same(const AttnConfigKey& a, const AttnConfigKey& b) {
   return a.head_dim == b.head_dim && a.key_sub_dim == b.key_sub_dim && a.key_bits == b.key_bits &&
-         a.value_sub_dim == b.value_sub_dim && a.value_bits == b.value_bits && a.n_tiles == b.n_tiles;
+         a.value_sub_dim == b.value_sub_dim && a.value_bits == b.value_bits && a.n_tiles == b.n_tiles &&
+         a.cb_f8 == b.cb_f8;
 }
 
 const AttnEntry* find(const AttnConfigKey& k) {
@@ -83,7 +84,7 @@ int device_sms(int dev) {
 std::string key_str(const AttnConfigKey& k) {
   std::ostringstream os;
   os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-     << k.head_dim << "x" << 8 * k.n_tiles;
+     << k.head_dim << "x" << 8 * k.n_tiles << (k.cb_f8 ? " (e4m3 codebooks)" : "");
   return os.str();
 }
 
@@ -120,7 +121,7 @@ const char* attn_compiled_list() {
       AttnConfigKey k = e.key;
       std::ostringstream os;
       os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-         << k.head_dim;
+         << k.head_dim << (k.cb_f8 ? "+e4m3" : "");
       names.insert(os.str());
     }
     std::string out;

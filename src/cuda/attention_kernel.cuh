@@ -26,9 +26,12 @@
 //    pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per sub-vector and
 //    query row) cannot fit anyway.
 //  * The per-token cost is shared-memory gathers (head_dim·2 bytes per K and per V), so the
-//    fp16 codebooks are replicated across banks: lane l of a shared-memory phase reads copy
+//    codebooks are replicated across banks: lane l of a shared-memory phase reads copy
 //    l mod R, each copy living in its own bank group, which makes the random gathers
 //    conflict-free when R covers the phase (8-bit codebooks) and spreads them otherwise.
+//    With F8 the codebooks are E4M3 (c·s, s a power of two per codebook): a gather moves half
+//    the bytes (one wavefront per warp for d4 instead of two) and one cvt per two elements
+//    makes the fp16 fragment; q̃ carries 1/s_k, the value accumulators get 1/s_v.
 //  * Codes stream into registers one warp tile (32 tokens) ahead with L1-bypassing loads,
 //    and L2 bulk prefetches (sm_90) run a few block tiles ahead, keeping HBM busy without
 //    spending shared memory on staging.
@@ -62,7 +65,7 @@ constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, i
   return {rk, rv};
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
 struct AttnTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
   static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
@@ -88,9 +91,11 @@ struct AttnTraits {
   static constexpr int kVA = (kVBits + 31) / 32;
   static constexpr bool kVAligned = lanes_aligned(kVBits, 8);
   static_assert(kKSpt * 4 == kKSubs && kVSpt * 8 == kVSubs, "sub-vectors must split over lanes");
-  // fp16 codebooks in shared memory, replicated over bank groups
+  // codebooks in shared memory (fp16, or E4M3 with F8), replicated over bank groups
+  static_assert(F8 == 0 || F8 == 1, "F8: 0 = fp16 codebooks, 1 = E4M3 codebooks");
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
-  static constexpr int kEK = KS * 2, kEV = VS * 2;        // bytes per entry
+  static constexpr int kCbElem = F8 ? 1 : 2;               // bytes per codebook element
+  static constexpr int kEK = KS * kCbElem, kEV = VS * kCbElem;  // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
   // code rows as laid out by the caches (pq.h packing, padded to 4 bytes)
   static constexpr int kKRow = ((D / KS * KB + 7) / 8 + 3) / 4 * 4, kVRow = ((D / VS * VB + 7) / 8 + 3) / 4 * 4;
@@ -210,6 +215,41 @@ __device__ __forceinline__ void lds_entry_s(uint32_t a, uint32_t (&w)[E / 4]) {
   }
 }
 
+/// Two E4M3 values (the low 16 bits of x) as an f16x2 word (exact: E4M3 ⊂ fp16).
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+  uint32_t y;
+  asm("{\n .reg .b16 lo, hi;\n mov.b32 {lo, hi}, %1;\n cvt.rn.f16x2.e4m3x2 %0, lo;\n}" : "=r"(y) : "r"(x));
+  return y;
+#else
+  // sm_80: the byte's exponent and mantissa placed under fp16's give the value · 2^-8 (the
+  // biases differ by 8; subnormals map to subnormals), then an exact multiply by 2^8
+  const uint32_t u = (x & 0xFFu) | ((x & 0xFF00u) << 8);
+  const uint32_t h = ((u & 0x007F007Fu) << 7) | ((u & 0x00800080u) << 8);
+  const __half2 r = __hmul2(*reinterpret_cast<const __half2*>(&h), __halves2half2(__float2half(256.0f), __float2half(256.0f)));
+  return *reinterpret_cast<const uint32_t*>(&r);
+#endif
+}
+
+/// One centroid of S elements from shared memory as S/2 fp16 words (an MMA fragment): fp16
+/// entries (2·S bytes) load as they are, E4M3 entries (S bytes: half the shared-memory
+/// wavefronts per gather) are converted.
+template <int S, int F8>
+__device__ __forceinline__ void lds_centroid(uint32_t a, uint32_t (&w)[S / 2]) {
+  if constexpr (!F8) {
+    lds_entry_s<2 * S>(a, w);
+  } else {
+    uint32_t r[S / 4];
+    if constexpr (S == 4) asm("ld.shared.u32 %0, [%1];" : "=r"(r[0]) : "r"(a));
+    else asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(r[0]), "=r"(r[1]) : "r"(a));
+#pragma unroll
+    for (int j = 0; j < S / 4; ++j) {
+      w[2 * j] = e4m3x2_to_f16x2(r[j]);
+      w[2 * j + 1] = e4m3x2_to_f16x2(r[j] >> 16);
+    }
+  }
+}
+
 /// Loads E bytes of a window row (fp16, or bf16 converted to fp16) as fp16 words; zeros where
 /// !valid. Branch-free (the row address must be readable either way), so the compiler can
 /// issue every load of a tile before the first use: the window is latency-bound otherwise.
@@ -229,9 +269,9 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, bool valid, uint32_
   }
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
 __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams p) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   // region: codebooks, later the block combine; ring: per-warp code stages; then the queries
@@ -276,18 +316,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // The codebook entries this thread will replicate (none for the fp16 cache's launches).
   constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
   uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
-  if (p.k_cb16 && p.v_cb16) {
+  const unsigned char* const kcb = F8 ? p.k_cb8 : reinterpret_cast<const unsigned char*>(p.k_cb16);
+  const unsigned char* const vcb = F8 ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
+  if (kcb && vcb) {
 #pragma unroll
     for (int i = 0; i < kKPer; ++i) {
       const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.k_cb16 + min(c, T::kNK - 1) * KS);
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(kcb + min(c, T::kNK - 1) * T::kEK);
 #pragma unroll
       for (int j = 0; j < T::kEK / 4; ++j) kreg[i][j] = __ldg(src + j);
     }
 #pragma unroll
     for (int i = 0; i < kVPer; ++i) {
       const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(p.v_cb16 + min(c, T::kNV - 1) * VS);
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(vcb + min(c, T::kNV - 1) * T::kEV);
 #pragma unroll
       for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] = __ldg(src + j);
     }
@@ -411,7 +453,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // One warp per row, kQE consecutive elements per lane: the Walsh–Hadamard butterflies run in
   // registers and shuffles, with no block barrier per stage.
   {
-    const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2;
+    // E4M3 key centroids are stored times k_cb_scale: q̃ carries its inverse (a power of two)
+    const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2 * (F8 ? p.k_cb_qmul : 1.0f);
 #pragma unroll
     for (int k = 0; k < kQRowsPerWarp; ++k) {
       const int r = warp + k * T::kWarps;
@@ -715,8 +758,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int i = 0; i < T::kKSpt; ++i) {
           uint32_t e0[KS / 2], e1[KS / 2];
-          lds_entry_s<T::kEK>(k_at(a0, i), e0);
-          lds_entry_s<T::kEK>(k_at(a1, i), e1);
+          lds_centroid<KS, F8>(k_at(a0, i), e0);
+          lds_centroid<KS, F8>(k_at(a1, i), e1);
           score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, true>{}, integral_constant<int, 2>{});
         }
         fold(s[kt], s1, integral_constant<bool, true>{});
@@ -733,7 +776,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
             realign(cur.v[kt][q], vsh, a);
           }
-          lds_entry_s<T::kEV>(v_at(a, i), vw[q]);
+          lds_centroid<VS, F8>(v_at(a, i), vw[q]);
         }
       });
     };
@@ -807,6 +850,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         __syncwarp();  // every lane is done with stage j % PIPE before it is refilled
       }
       cp_async_wait<0>();
+    }
+    // E4M3 value centroids are stored times v_cb_scale: undo it before the exact window
+    // tokens add to the same accumulators (a power of two: exact in fp32)
+    if constexpr (F8) {
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][n][e] *= p.v_cb_omul;
     }
   }
 
@@ -904,8 +957,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         for (int i = 0; i < T::kKSpt; ++i) {
           const int d0 = (t * T::kKSpt + i) * KS;
           uint32_t e0[KS / 2], e1[KS / 2];
-          ldg_row<T::kEK, kBf16>(r0 + d0, p0 < w1, e0);
-          ldg_row<T::kEK, kBf16>(r1 + d0, p1 < w1, e1);
+          ldg_row<2 * KS, kBf16>(r0 + d0, p0 < w1, e0);
+          ldg_row<2 * KS, kBf16>(r1 + d0, p1 < w1, e1);
           score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, false>{}, integral_constant<int, 2>{});
         }
         fold(s[kt], s1, integral_constant<bool, false>{});
@@ -916,7 +969,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int pos = base + kt * 16 + vtok(q);
-          ldg_row<T::kEV, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
+          ldg_row<2 * VS, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
         }
       });
     }
@@ -1076,23 +1129,23 @@ struct AttnEntry {
   int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
 };
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
 void attn_launch_t(const AttnParams& p, dim3 grid, cudaStream_t s) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
-  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE><<<grid, T::kThreads, T::kSmem, s>>>(p);
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
+  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8><<<grid, T::kThreads, T::kSmem, s>>>(p);
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
 AttnEntry attn_entry() {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
   static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
-  return {{D, KS, KB, VS, VB, NT},
-          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>),
+  return {{D, KS, KB, VS, VB, NT, F8},
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>),
           T::kSmem,
           T::kThreads,
           T::kKRow,
           T::kVRow,
-          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE>,
+          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>,
           0,
           int(T::kPrmt)};
 }

@@ -11,5 +11,8 @@ void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
   AttnEntry e = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>();
   e.wide = 1;
   out.push_back(e);
+  AttnEntry f = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>();  // E4M3 codebooks
+  f.wide = 1;
+  out.push_back(f);
 }
 }  // namespace veloxquant::cuda

@@ -133,6 +133,12 @@ Tensor upload_u16(const std::vector<uint16_t>& x, const Shape& shape, Device dev
   return t;
 }
 
+Tensor upload_u8(const std::vector<uint8_t>& x, const Shape& shape, Device dev) {
+  Tensor t = Tensor::empty(shape, DType::U8, dev);
+  if (!x.empty()) detail::cuda_memcpy_h2d(t.data(), x.data(), x.size(), dev);
+  return t;
+}
+
 /// An owning U8 device buffer of `bytes` plus slack (the kernels read whole words past a row
 /// end and L2 prefetches round ranges up to 16 bytes).
 Tensor code_buffer(int64_t bytes, Device dev) {
@@ -969,7 +975,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   int64_t fp16_value_bytes() const override { return fp16_key_bytes(); }
   int64_t codebook_bytes() const override {
     int64_t n = 0;
-    for (const Tensor* t : {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &lambda_, &inv_lambda_})
+    for (const Tensor* t : {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
+                            &inv_lambda_})
       if (t->defined()) n += t->nbytes();
     return n;
   }
@@ -995,6 +1002,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       << (config_.use_hadamard ? " + Hadamard" : ", no Hadamard") << " [batch=" << batch_
       << ", n_kv_heads=" << n_kv_heads_ << ", head_dim=" << config_.head_dim << "], " << offset() << " tokens, "
       << nbytes() << " bytes";
+    if (cb_f8()) o << "; fused_sdpa reads e4m3 codebooks";
     if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
     return o.str();
   }
@@ -1002,7 +1010,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
  protected:
   cuda::AttnConfigKey attn_key(int nt) const override {
     if (mode_ == CacheMode::Standard) return {config_.head_dim, 4, 8, 4, 8, nt};  // fp16 path over K̂/V̂
-    return {config_.head_dim, key_pq_.sub_dim, key_pq_.codebook_bits, value_pq_.sub_dim, value_pq_.codebook_bits, nt};
+    return {config_.head_dim, key_pq_.sub_dim,         key_pq_.codebook_bits, value_pq_.sub_dim, value_pq_.codebook_bits,
+            nt,               cb_f8()};
   }
 
   void fill_attn(cuda::AttnParams& p) const override {
@@ -1025,8 +1034,15 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     p.code_cap = capacity_;
     p.k_row_stride = int(k_rs_);
     p.v_row_stride = int(v_rs_);
-    p.k_cb16 = k_cb16_.ptr<uint16_t>();
-    p.v_cb16 = v_cb16_.ptr<uint16_t>();
+    if (cb_f8()) {
+      p.k_cb8 = k_cb8_.ptr<uint8_t>();
+      p.v_cb8 = v_cb8_.ptr<uint8_t>();
+      p.k_cb_qmul = k_cb_qmul_;
+      p.v_cb_omul = v_cb_omul_;
+    } else {
+      p.k_cb16 = k_cb16_.ptr<uint16_t>();
+      p.v_cb16 = v_cb16_.ptr<uint16_t>();
+    }
     p.lambda = lambda_.defined() ? lambda_.ptr<float>() : nullptr;
     p.use_hadamard = config_.use_hadamard ? 1 : 0;
     p.hadamard_scale = float(1.0 / std::sqrt(double(config_.head_dim)));
@@ -1050,6 +1066,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     KVCacheConfig c = cpu.config();
     c.device = like.device_;
     c.stream = like.stream_;
+    c.attention_codebooks = like.config_.attention_codebooks;  // a device choice, not part of the state
     config_ = c;
     init_from(cpu.key_quantizer(), cpu.value_quantizer(), cpu.key_transform(), cpu.uses_random_codebooks(), c);
     if (cpu.batch() > 0) {
@@ -1075,10 +1092,13 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
                "CUDA VecInfer cache: codebooks of fewer than 16 centroids are not supported (keys b"
                    << kp.codebook_bits << ", values b" << vp.codebook_bits << ")");
     if (mode_ != CacheMode::Standard) {
-      const cuda::AttnConfigKey k1{D, kp.sub_dim, kp.codebook_bits, vp.sub_dim, vp.codebook_bits, 1};
+      const cuda::AttnConfigKey k1{D, kp.sub_dim, kp.codebook_bits, vp.sub_dim, vp.codebook_bits, 1,
+                                   c.attention_codebooks == CodebookFormat::E4M3 ? 1 : 0};
       VQ_CHECK_T(cuda::attn_config_compiled(k1), UnsupportedError,
                  "CUDA VecInfer cache: attention for keys " << kp.spec().str() << ", values " << vp.spec().str()
-                                                            << " at head_dim " << D
+                                                            << " at head_dim " << D << " with "
+                                                            << codebook_format_name(c.attention_codebooks)
+                                                            << " codebooks"
                                                             << " is not compiled in (built: "
                                                             << cuda::attn_compiled_list()
                                                             << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)");
@@ -1089,8 +1109,17 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     v_cb_ = upload_f32(vp.codebook, {vp.n_centroids, vp.sub_dim}, device_);
     k_nrm_ = upload_f32(kp.centroid_norms, {kp.n_centroids}, device_);
     v_nrm_ = upload_f32(vp.centroid_norms, {vp.n_centroids}, device_);
-    k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
-    v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
+    k_cb16_ = v_cb16_ = k_cb8_ = v_cb8_ = Tensor{};
+    k_cb_qmul_ = v_cb_omul_ = 1.0f;
+    if (mode_ != CacheMode::Standard && c.attention_codebooks == CodebookFormat::E4M3) {
+      const E4M3Codebook ke = make_e4m3_codebook(kp.codebook), ve = make_e4m3_codebook(vp.codebook);
+      k_cb8_ = upload_u8(ke.bytes, {kp.n_centroids, kp.sub_dim}, device_);
+      v_cb8_ = upload_u8(ve.bytes, {vp.n_centroids, vp.sub_dim}, device_);
+      k_cb_qmul_ = 1.0f / ke.scale, v_cb_omul_ = 1.0f / ve.scale;  // powers of two: exact
+    } else if (mode_ != CacheMode::Standard) {
+      k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
+      v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
+    }
     k_cmax_ = v_cmax_ = 0.0f;
     for (float x : kp.centroid_norms) k_cmax_ = std::max(k_cmax_, std::sqrt(x));
     for (float x : vp.centroid_norms) v_cmax_ = std::max(v_cmax_, std::sqrt(x));
@@ -1305,11 +1334,13 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(v_rs_, o.v_rs_);
     std::swap(k_cmax_, o.k_cmax_);
     std::swap(v_cmax_, o.v_cmax_);
-    Tensor* mine[] = {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &lambda_, &inv_lambda_,
-                      &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
-    Tensor* theirs[] = {&o.k_cb_, &o.v_cb_, &o.k_nrm_, &o.v_nrm_, &o.k_cb16_, &o.v_cb16_, &o.lambda_,
-                        &o.inv_lambda_, &o.held_k_, &o.held_v_, &o.codes_k_, &o.codes_v_, &o.pend_k_,
-                        &o.pend_v_, &o.ring_k_, &o.ring_v_};
+    std::swap(k_cb_qmul_, o.k_cb_qmul_);
+    std::swap(v_cb_omul_, o.v_cb_omul_);
+    Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
+                      &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
+    Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
+                        &o.k_cb8_,      &o.v_cb8_,  &o.lambda_, &o.inv_lambda_, &o.held_k_, &o.held_v_,
+                        &o.codes_k_,    &o.codes_v_, &o.pend_k_, &o.pend_v_,   &o.ring_k_,  &o.ring_v_};
     for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); ++i) std::swap(*mine[i], *theirs[i]);
   }
 
@@ -1319,7 +1350,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   bool random_codebooks_ = false;
   int64_t k_rs_ = 4, v_rs_ = 4;
   float k_cmax_ = 0, v_cmax_ = 0;
-  Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, lambda_, inv_lambda_;
+  float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3 codebooks: 1/scale of the key and value codebooks
+  Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
+  /// Whether fused_sdpa reads E4M3 codebooks (CodebookFormat::E4M3, coded modes).
+  int cb_f8() const { return k_cb8_.defined() ? 1 : 0; }
   Tensor held_k_, held_v_, codes_k_, codes_v_, pend_k_, pend_v_, ring_k_, ring_v_;
   std::unique_ptr<CacheState> staged_;
 };

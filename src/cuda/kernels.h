@@ -11,7 +11,7 @@
 //   lengths      I32 [batch]  seq_len (tokens held) and res_count (exact window tokens),
 //                    device-resident so a captured decode step reads the current values
 //   codebooks    F32 [n_centroids, sub_dim] for encoding (exact, as the CPU oracle),
-//                F16 [n_centroids, sub_dim] for attention (shared memory, replicated)
+//                F16 or E4M3 [n_centroids, sub_dim] for attention (shared memory, replicated)
 #pragma once
 
 #include <cstdint>
@@ -46,6 +46,12 @@ struct AttnParams {
   int k_row_stride = 0, v_row_stride = 0;
   const uint16_t* k_cb16 = nullptr;  ///< F16 [2^key_bits, key_sub_dim]
   const uint16_t* v_cb16 = nullptr;  ///< F16 [2^value_bits, value_sub_dim]
+  /// E4M3 codebooks (kernels compiled with cb_f8): round_e4m3(c · s) for a power-of-two s per
+  /// codebook; the kernel multiplies q̃ by k_cb_qmul = 1/s_k and the coded part of the value
+  /// accumulators by v_cb_omul = 1/s_v.
+  const uint8_t* k_cb8 = nullptr;  ///< E4M3 [2^key_bits, key_sub_dim]
+  const uint8_t* v_cb8 = nullptr;  ///< E4M3 [2^value_bits, value_sub_dim]
+  float k_cb_qmul = 1.0f, v_cb_omul = 1.0f;
   const float* lambda = nullptr;     ///< [n_kv_heads, head_dim] or null (identity)
   int use_hadamard = 1;
   float hadamard_scale = 1.0f;       ///< 1/sqrt(head_dim)
@@ -87,6 +93,7 @@ constexpr int kAttnProfSlots = 10;
 /// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
 struct AttnConfigKey {
   int head_dim, key_sub_dim, key_bits, value_sub_dim, value_bits, n_tiles;
+  int cb_f8 = 0;  ///< 1: the kernel reads E4M3 codebooks (k_cb8/v_cb8), 0: fp16 (k_cb16/v_cb16)
 };
 
 /// Whether this build holds a kernel for the configuration.

@@ -51,6 +51,9 @@ class BenchCommand final : public Command {
     app.add_option("--residual", residual_, "VecInfer fp16 residual window")->capture_default_str();
     app.add_option("--artifact", artifact_, "use layer 0 of this artifact (its keys/values override --keys/--values)");
     app.add_option("--device", device_, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+    app.add_option("--attention-codebooks", codebooks_, "cuda: codebooks the VecInfer attention kernel reads (f16, e4m3)")
+        ->check(CLI::IsMember({"f16", "e4m3"}))
+        ->capture_default_str();
     app.add_option("--repeats", repeats_, "timed repetitions (median)")->capture_default_str();
     app.add_option("--threads", threads_, "CPU threads (0: all cores)")->capture_default_str();
     app.add_option("--seed", seed_, "seed for K/V, queries and random codebooks")->capture_default_str();
@@ -96,6 +99,7 @@ class BenchCommand final : public Command {
     vq.residual_length = residual_;
     vq.n_threads = threads_;
     vq.device = dev;
+    vq.attention_codebooks = codebooks_ == "e4m3" ? CodebookFormat::E4M3 : CodebookFormat::F16;
     vq.fused_sdpa_max_ctx = std::max<int64_t>(vq.fused_sdpa_max_ctx, ctx_);
 
     auto fp16 = KVCacheFactory::create(fp);
@@ -135,6 +139,7 @@ class BenchCommand final : public Command {
                             {"head_dim", head_dim_},
                             {"ctx", ctx_}}},
                           {"device", device_},
+                          {"attention_codebooks", codebooks_},
                           {"keys", keys_},
                           {"values", values_},
                           {"residual_length", residual_},
@@ -168,7 +173,7 @@ class BenchCommand final : public Command {
   int heads_ = 32, kv_heads_ = 8, head_dim_ = 128, residual_ = 128, repeats_ = 20, threads_ = 0;
   int64_t ctx_ = 32768, batch_ = 1;
   uint64_t seed_ = 0;
-  std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_;
+  std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "f16";
   bool json_ = false;
 };
 

@@ -30,6 +30,7 @@ struct CacheArgs {
   bool random_codebooks = false;
   std::string key_spec = "d4b12";
   std::string value_spec = "d8b8";
+  std::string attention_codebooks = "f16";
   uint64_t seed = 0;
 };
 
@@ -53,6 +54,11 @@ inline void add_cache_options(CLI::App* app, CacheArgs& a) {
                 "VecInfer without an artifact: random codebooks (testing only; quality is meaningless)");
   app->add_option("--key-spec", a.key_spec, "random codebooks: key sub_dim/bits, e.g. d4b12");
   app->add_option("--value-spec", a.value_spec, "random codebooks: value sub_dim/bits, e.g. d8b8");
+  app->add_option("--attention-codebooks", a.attention_codebooks,
+                  "VecInfer on cuda: codebooks the attention kernel reads, f16 or e4m3 (FP8: faster for 12-bit "
+                  "codebooks, about +0.1-0.4% attention error; see docs/cuda-kernels.md)")
+      ->check(CLI::IsMember({"f16", "e4m3"}))
+      ->capture_default_str();
 }
 
 /// Commands other than `generate` run the forward pass on the CPU only: refuse --device cuda
@@ -83,6 +89,7 @@ inline veloxquant::runtime::CacheOptions cache_options(const CacheArgs& a, int t
   o.value_spec = PQSpec::parse(a.value_spec);
   o.seed = a.seed;
   o.n_threads = threads;
+  o.attention_codebooks = a.attention_codebooks == "e4m3" ? CodebookFormat::E4M3 : CodebookFormat::F16;
   if (o.kind == CacheKind::VecInfer && a.artifact.empty() && !a.random_codebooks)
     VQ_THROW(ValueError, "--cache vecinfer needs --artifact FILE (from `veloxquant calibrate --model ...`), or "
                          "--random-codebooks for a smoke test");
