@@ -165,6 +165,21 @@ std::string describe(const AttnCase& a) {
   return o.str();
 }
 
+/// The oracle's inputs for a CUDA cache with codebook format fmt: the CPU cache's, with the
+/// centroids the kernel holds (E4M3: make_e4m3_codebook's decoded values, kept in kq/vq).
+VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat fmt, ProductQuantizer& kq,
+                                      ProductQuantizer& vq) {
+  VecInferAttentionInputs in = cpu.attention_inputs();
+  if (fmt == CodebookFormat::E4M3) {
+    kq = *in.key_pq, vq = *in.value_pq;
+    kq.set_codebook(make_e4m3_codebook(kq.codebook).decoded);
+    vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
+    in.key_pq = &kq;
+    in.value_pq = &vq;
+  }
+  return in;
+}
+
 /// Runs one case: both caches get the same tokens (a prefix, then the q_len newest tokens);
 /// the CUDA cache's attention is compared with the oracle on the CPU cache's codes. With E4M3
 /// codebooks the oracle computes with the centroids the kernel holds (make_e4m3_codebook's
@@ -193,18 +208,13 @@ double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt
     const Tensor kd = cpu.dequantized_keys_f32(), vd = cpu.dequantized_values_f32();
     attention_ref(q.view(), kd.view(), vd.view(), want.view(), p);
   } else if (fmt == CodebookFormat::E4M3) {
-    VecInferAttentionInputs in = cpu.attention_inputs();
-    ProductQuantizer kq = *in.key_pq, vq = *in.value_pq;
-    kq.set_codebook(make_e4m3_codebook(kq.codebook).decoded);
-    vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
     if (vs_f32) {
       Tensor exact = Tensor::empty(q.sizes(), DType::F32);
-      vecinfer_attention_ref(in, q.view(), exact.view(), p);
+      vecinfer_attention_ref(cpu.attention_inputs(), q.view(), exact.view(), p);
       *vs_f32 = nmse(floats(gpu->fused_sdpa(to_device(q).view(), p)), exact.to_vector_f32());
     }
-    in.key_pq = &kq;
-    in.value_pq = &vq;
-    vecinfer_attention_ref(in, q.view(), want.view(), p);
+    ProductQuantizer kq, vq;
+    vecinfer_attention_ref(oracle_inputs(cpu, fmt, kq, vq), q.view(), want.view(), p);
   } else {
     vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
   }
@@ -418,12 +428,14 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(31);
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
-    for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash}) {
-      SCOPED_TRACE(s.str() + " " + cache_mode_name(mode));
+    for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash})
+    for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3}) {
+      SCOPED_TRACE(s.str() + " " + cache_mode_name(mode) + " " + codebook_format_name(fmt));
       const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 40;
       cudaStream_t stream;
       ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
       KVCacheConfig c = vq_config(s, mode, D, 32, H, rng);
+      c.attention_codebooks = fmt;
       VecInferKVCache cpu(c);
       KVCacheConfig cc = on_cuda(c);
       cc.stream = stream;
@@ -457,7 +469,8 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
         ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
         cpu.update(kn.view(), vn.view());
         Tensor want = Tensor::empty(q.sizes(), DType::F32);
-        vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
+        ProductQuantizer kq, vq;
+        vecinfer_attention_ref(oracle_inputs(cpu, fmt, kq, vq), q.view(), want.view(), p);
         const double e = nmse(floats(dout), want.to_vector_f32());
         EXPECT_LE(e, kAttnNmse) << "step " << st;
         worst = std::max(worst, e);
@@ -476,8 +489,8 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
       int64_t diff = 0;
       for (int64_t i = 0; i < gk.numel(); ++i) diff += gk.ptr<uint8_t>()[i] != ck.ptr<uint8_t>()[i];
       EXPECT_LE(diff, 4) << "code bytes differing after the replays";
-      std::printf("[cuda graph] %s %s: %d replayed steps, worst NMSE %.3g, %lld code bytes differ\n",
-                  s.str().c_str(), cache_mode_name(mode), steps, worst, (long long)diff);
+      std::printf("[cuda graph] %s %s %s codebooks: %d replayed steps, worst NMSE %.3g, %lld code bytes differ\n",
+                  s.str().c_str(), cache_mode_name(mode), codebook_format_name(fmt), steps, worst, (long long)diff);
       cudaGraphExecDestroy(exec);
       cudaGraphDestroy(graph);
       gpu_owner.reset();
