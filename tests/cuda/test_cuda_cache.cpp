@@ -224,6 +224,16 @@ double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt
   return nmse(floats(got), want.to_vector_f32());
 }
 
+/// A random case for configuration s at head_dim D: batch, kv heads, GQA group, history,
+/// q_len, window, causality, sliding window, query dtype and coded mode drawn from rng.
+AttnCase random_attn_case(const Spec& s, int D, std::mt19937_64& rng) {
+  return {s, D, 1 + int(rng() % 3), 1 + int(rng() % 4), int(std::vector<int>{1, 2, 4, 5, 8}[rng() % 5]),
+          int(rng() % 1500), 1 + int(rng() % 16), int(std::vector<int>{0, 8, 64, 128}[rng() % 4]),
+          rng() % 4 != 0, rng() % 5 == 0 ? 1 + int(rng() % 300) : 0,
+          std::vector<DType>{DType::F16, DType::BF16, DType::F32}[rng() % 3],
+          std::vector<CacheMode>{CacheMode::MemoryBound, CacheMode::Stash}[rng() % 2], 1.5f};
+}
+
 // E4M3 codebooks: the same kernels reading 1-byte centroids. Exact up to the fp16/fp32
 // arithmetic tier against the oracle on the decoded centroids (kAttnNmse). Against the f32
 // codebooks, the rounding to 3 mantissa bits (relative error <= 2^-4 per centroid element)
@@ -248,12 +258,7 @@ TEST(CudaAttention, E4M3CodebooksMatchTheOracleOnTheDecodedCentroids) {
   for (const Spec& s : all_specs())
     for (int D : {64, 128, 256})
       for (int r = 0; r < 2; ++r) {
-        AttnCase a{s, D, 1 + int(rng() % 3), 1 + int(rng() % 4), int(std::vector<int>{1, 2, 4, 5, 8}[rng() % 5]),
-                   int(rng() % 1500), 1 + int(rng() % 16), int(std::vector<int>{0, 8, 64, 128}[rng() % 4]),
-                   rng() % 4 != 0, rng() % 5 == 0 ? 1 + int(rng() % 300) : 0,
-                   std::vector<DType>{DType::F16, DType::BF16, DType::F32}[rng() % 3],
-                   std::vector<CacheMode>{CacheMode::MemoryBound, CacheMode::Stash}[rng() % 2], 1.5f};
-        cases.push_back(a);
+        cases.push_back(random_attn_case(s, D, rng));
       }
   double worst = 0, worst_f32 = 0;
   int run = 0;
@@ -300,12 +305,7 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
     for (int D : {64, 128, 256})
       for (int r = 0; r < 3; ++r) {
         if (!compiled(s, D)) continue;
-        AttnCase a{s, D, 1 + int(rng() % 3), 1 + int(rng() % 4), int(std::vector<int>{1, 2, 4, 5, 8}[rng() % 5]),
-                   int(rng() % 1500), 1 + int(rng() % 16), int(std::vector<int>{0, 8, 64, 128}[rng() % 4]),
-                   rng() % 4 != 0, rng() % 5 == 0 ? 1 + int(rng() % 300) : 0,
-                   std::vector<DType>{DType::F16, DType::BF16, DType::F32}[rng() % 3],
-                   std::vector<CacheMode>{CacheMode::MemoryBound, CacheMode::Stash}[rng() % 2], 1.5f};
-        cases.push_back(a);
+        cases.push_back(random_attn_case(s, D, rng));
       }
   double worst = 0;
   for (const AttnCase& a : cases) {
