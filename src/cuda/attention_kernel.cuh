@@ -318,21 +318,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
   const unsigned char* const kcb = F8 ? p.k_cb8 : reinterpret_cast<const unsigned char*>(p.k_cb16);
   const unsigned char* const vcb = F8 ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
+  // entry c of a codebook (n entries of E bytes) for c = tid, tid + threads, ... (clamped)
+  auto load_entries = [&](auto& regs, const unsigned char* cb, auto n_tag, auto entry_tag) {
+    constexpr int N = decltype(n_tag)::value, E = decltype(entry_tag)::value;
+    constexpr int kPer = int(sizeof(regs) / E);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const uint32_t* src = reinterpret_cast<const uint32_t*>(cb + min(tid + i * T::kThreads, N - 1) * E);
+#pragma unroll
+      for (int j = 0; j < E / 4; ++j) regs[i][j] = __ldg(src + j);
+    }
+  };
   if (kcb && vcb) {
-#pragma unroll
-    for (int i = 0; i < kKPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(kcb + min(c, T::kNK - 1) * T::kEK);
-#pragma unroll
-      for (int j = 0; j < T::kEK / 4; ++j) kreg[i][j] = __ldg(src + j);
-    }
-#pragma unroll
-    for (int i = 0; i < kVPer; ++i) {
-      const int c = tid + i * T::kThreads;
-      const uint32_t* src = reinterpret_cast<const uint32_t*>(vcb + min(c, T::kNV - 1) * T::kEV);
-#pragma unroll
-      for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] = __ldg(src + j);
-    }
+    load_entries(kreg, kcb, std::integral_constant<int, T::kNK>{}, std::integral_constant<int, T::kEK>{});
+    load_entries(vreg, vcb, std::integral_constant<int, T::kNV>{}, std::integral_constant<int, T::kEV>{});
   }
 
   // This warp's query rows (warp + k·W), kQE consecutive elements per lane, raw and λ.
