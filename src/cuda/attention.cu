@@ -21,10 +21,6 @@ void attn_register_k8b12_v8b12(std::vector<AttnEntry>&);
 void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
 void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>&);
-struct AttnVariantEntry {
-  AttnEntry entry;
-  int kt, minb, warps, pipe;
-};
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 

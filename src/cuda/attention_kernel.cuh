@@ -1149,4 +1149,14 @@ AttnEntry attn_entry() {
           int(T::kPrmt)};
 }
 
+/// A tuning variant (VQ_CUDA_ALL_CONFIGS builds): the kernel and the parameters it was built with.
+struct AttnVariantEntry {
+  AttnEntry entry;
+  int kt, minb, warps, pipe;
+};
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT, int MINB, int W, int PIPE, int F8 = 0>
+AttnVariantEntry attn_variant() {
+  return {attn_entry<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>(), KT, MINB, W, PIPE};
+}
+
 }  // namespace veloxquant::cuda

@@ -15,9 +15,6 @@
 #define VQ_ATTN_IF_ALL(x)
 #endif
 
-namespace veloxquant::cuda {
-struct AttnVariantEntry;
-}
 
 // Per configuration: the single-row-tile kernel at head_dim 64/128 uses the variant measured
 // fastest on the H200 (KT k-tiles per warp tile, W warps, PIPE cp.async stages: docs/cuda-notes.md);

@@ -6,21 +6,17 @@
 #include "cuda/attn_configs.h"
 
 namespace veloxquant::cuda {
-struct AttnVariantEntry {
-  AttnEntry entry;
-  int kt, minb, warps, pipe;
-};
 #if defined(VQ_CUDA_ALL_CONFIGS) && VQ_CUDA_ALL_CONFIGS
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>& out) {
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 4>(), 1, 1, 16, 4});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 3>(), 1, 1, 16, 3});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 2>(), 1, 1, 16, 2});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 0>(), 1, 1, 16, 0});
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 4>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 3>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 2>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 0>());
   // E4M3 codebooks: a 16 KB key codebook, so more copies (fewer conflicts) or more stages fit
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 4, 1>(), 1, 1, 16, 4});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 3, 1>(), 1, 1, 16, 3});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 2, 1>(), 1, 1, 16, 2});
-  out.push_back({attn_entry<128, 4, 12, 8, 8, 1, 1, 1, 16, 0, 1>(), 1, 1, 16, 0});
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 4, 1>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 3, 1>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 2, 1>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 0, 1>());
 }
 #else
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&) {}
