@@ -106,6 +106,15 @@ void ensure_smem_attr(const AttnEntry& e) {
   done.insert({dev, e.kernel});
 }
 
+/// Launches through the entry's own kernel pointer, the one ensure_smem_attr configured. (A
+/// `<<<>>>` launch from a template instantiated in several translation units, as the tuning
+/// variants re-instantiate defaults, may reach another unit's registration of the kernel,
+/// whose shared-memory limit was never raised: "invalid argument".)
+void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream) {
+  void* args[] = {const_cast<AttnParams*>(&p)};
+  VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
+}
+
 }  // namespace
 
 bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
@@ -171,8 +180,7 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
     }
   }
   ensure_smem_attr(*e);
-  e->launch(p, dim3(p.n_splits, unsigned(gy), p.batch), as_stream(stream));
-  VQ_CUDA_CHECK(cudaGetLastError());
+  launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream);
 }
 
 namespace {
@@ -211,8 +219,7 @@ int attn_variant_blocks_per_sm(int i, int device) {
 void attn_launch_variant(int i, const AttnParams& p, void* stream) {
   const AttnEntry& e = variant(i).entry;
   ensure_smem_attr(e);
-  e.launch(p, dim3(p.n_splits, unsigned(p.n_kv_heads * p.n_row_chunks), p.batch), as_stream(stream));
-  VQ_CUDA_CHECK(cudaGetLastError());
+  launch_entry(e, p, dim3(p.n_splits, unsigned(p.n_kv_heads * p.n_row_chunks), p.batch), stream);
 }
 
 int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm, int64_t min_tokens_per_split) {

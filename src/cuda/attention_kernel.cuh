@@ -1123,16 +1123,10 @@ struct AttnEntry {
   const void* kernel;
   int smem, threads;
   int k_row, v_row;  ///< code row strides the kernel is compiled for
-  void (*launch)(const AttnParams&, dim3, cudaStream_t);
   int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
   int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
 };
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
-void attn_launch_t(const AttnParams& p, dim3 grid, cudaStream_t s) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
-  vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8><<<grid, T::kThreads, T::kSmem, s>>>(p);
-}
 
 template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
 AttnEntry attn_entry() {
@@ -1144,7 +1138,6 @@ AttnEntry attn_entry() {
           T::kThreads,
           T::kKRow,
           T::kVRow,
-          &attn_launch_t<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>,
           0,
           int(T::kPrmt)};
 }
