@@ -102,8 +102,17 @@ struct AttnTraits {
   // PIPE > 0: each warp streams its tiles through its own ring of PIPE shared-memory stages
   // (cp.async), PIPE − 1 tiles ahead; PIPE = 0: one tile ahead in registers
   static constexpr int kStageBytes = 16 * KT * (kKRow + kVRow);
+  // 32-byte value rows (d4b8): lane (g, t) reads word g of rows 2t + e (+ 8h), so rows T and
+  // T + 4 (128 bytes apart) would meet in the same banks; rows with bit 2 set swap with their
+  // neighbour (T ^ 1) inside the stage, which puts the four rows of a read in four bank groups.
+  static constexpr bool kVSwz = kVRow == 32;
+  static __device__ __forceinline__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
-  static constexpr int kQBytes = kRows * D * (2 + 2 + 4) + kRows * 4 + 64;  // + merge row sums + flag
+  // Query buffers (fp16 q̃ and raw q): row r's quarter u, the D/4 elements lane (g, t) = (r, u)
+  // reads as its MMA A fragments, is one segment of kQSegB bytes; the 16-byte pad puts the 8
+  // lanes of a 128-bit shared-memory phase in 8 different bank groups (unpadded rows: 16-way).
+  static constexpr int kQSegB = D / 2 + 16, kQRowB = 4 * kQSegB;
+  static constexpr int kQBytes = kRows * 2 * kQRowB + 64;  // + the merge flag
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
   static constexpr int kCbBudget = (MINB == 1 ? 216 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
   static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
@@ -112,7 +121,11 @@ struct AttnTraits {
   static constexpr int kKcbBytes = kNK * kEK * kRK, kVcbBytes = kNV * kEV * kRV;
   static constexpr int kCbBytes = kKcbBytes + kVcbBytes;
   // block combine (aliases the codebooks once the loop is done)
-  static constexpr int kCoStride = D + 4;
+  // Row stride (floats) and a skew of 2 per 32 columns: the 64-bit partial stores of a warp
+  // (rows 2t + r, columns 16g + ...) then fill every bank once per phase (a bank model over
+  // head_dim 64/128/256 and sub_dim 4/8 picked these; the plain D + 4 stride was 4-way).
+  static constexpr int kCoStride = D == 64 ? 70 : D == 128 ? 134 : 276;
+  static __device__ __forceinline__ int co_col(int d) { return d + ((d >> 5) << 1); }
   static constexpr int kCombineBytes = (kWarps * kRows * kCoStride + 2 * kWarps * kRows) * 4;
   static constexpr int kRegion = ((kCbBytes > kCombineBytes ? kCbBytes : kCombineBytes) + 15) / 16 * 16;
   // One-instruction lookups (8-bit codes, one 128-byte row of copies per entry): the key and
@@ -287,12 +300,15 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
   unsigned char* const sK = region;
   unsigned char* const sV = region + (T::kPrmt ? 128 : T::kKcbBytes);
-  __half* const sQt = reinterpret_cast<__half*>(sQbuf);                // [kRows][D] q̃·scale
-  __half* const sQr = sQt + kRows * D;                                 // [kRows][D] q·scale
-  float* const sQw = reinterpret_cast<float*>(sQr + kRows * D);        // [kRows][D] scratch
-  int* const sFlag = reinterpret_cast<int*>(sQw + kRows * D + kRows);
+  unsigned char* const sQt = sQbuf;                                // [kRows] segmented rows: q̃·scale
+  unsigned char* const sQr = sQt + kRows * T::kQRowB;              // [kRows] segmented rows: q·scale
+  int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  // element d of query row r in a segmented query buffer
+  auto q_elem = [](unsigned char* buf, int r, int d) -> __half* {
+    return reinterpret_cast<__half*>(buf + r * T::kQRowB + (d / (D / 4)) * T::kQSegB + (d % (D / 4)) * 2);
+  };
   const int split = blockIdx.x, S = p.n_splits;
   // diagnosis (bench --profile): clock64 at the phase boundaries, globaltimer at entry and exit
   unsigned long long* const prof =
@@ -434,10 +450,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int o = 0; o < kVB; o += 512)
           if (kVB % 512 == 0 || o + lane * 16 < kVB)
-            cp_async16(st + 16 * KT * T::kKRow + o + lane * 16, vs_ + o + lane * 16);
+            cp_async16(st + 16 * KT * T::kKRow + T::vswz(o + lane * 16), vs_ + o + lane * 16);
       } else {
         warp_copy_async(st, ks_, ntok * T::kKRow, lane);
-        warp_copy_async(st + 16 * KT * T::kKRow, vs_, ntok * T::kVRow, lane);
+        const uint32_t vst = st + 16 * KT * T::kKRow;
+        if constexpr (T::kVSwz) {  // the value rows' swizzle (rows are 32 bytes: 16- and 4-byte pieces stay whole)
+          const int bytes = ntok * T::kVRow;
+          if ((reinterpret_cast<uintptr_t>(vs_) & 15) == 0) {
+            for (int i = lane * 16; i < bytes; i += 32 * 16) cp_async16(vst + T::vswz(i), vs_ + i);
+          } else {
+            for (int i = lane * 4; i < bytes; i += 32 * 4) cp_async4(vst + T::vswz(i), vs_ + i);
+          }
+        } else {
+          warp_copy_async(vst, vs_, ntok * T::kVRow, lane);
+        }
       }
     }
     cp_async_commit();
@@ -462,7 +488,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int j = 0; j < kQE; ++j) {
           const int d = lane * kQE + j;
-          sQr[r * D + d] = __float2half_rn(qx[k][j] * p.scale_log2);
+          *q_elem(sQr, r, d) = __float2half_rn(qx[k][j] * p.scale_log2);
           y[j] = qx[k][j] * ql[k][j];
         }
         if (p.use_hadamard) {
@@ -483,7 +509,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
             }
         }
 #pragma unroll
-        for (int j = 0; j < kQE; ++j) sQt[r * D + lane * kQE + j] = __float2half_rn(y[j] * qscale);
+        for (int j = 0; j < kQE; ++j) *q_elem(sQt, r, lane * kQE + j) = __float2half_rn(y[j] * qscale);
       }
     }
   }
@@ -502,7 +528,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int cp = 0; cp < R; ++cp) {
         if (c >= N) break;
-        uint32_t* dst = reinterpret_cast<uint32_t*>(base + row * T::kCbRow + (cp * Gp + col) * E);
+        // neighbouring rows start their copies at different bank groups: a warp's stores then
+        // spread over the banks (the same copy for every row was a 32-way conflict)
+        const int k = (cp + row) & (R - 1);
+        uint32_t* dst = reinterpret_cast<uint32_t*>(base + row * T::kCbRow + (k * Gp + col) * E);
 #pragma unroll
         for (int j = 0; j < E / 4; ++j) dst[j] = regs[i][j];
       }
@@ -530,21 +559,31 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   constexpr int kQA = NT == 2 ? T::kKSteps : T::kKSteps / 2;
   static_assert(T::kKSteps % 2 == 0, "an even number of k-steps");
   uint32_t qa[kQA][4];
-  auto load_qa = [&](const __half* src) {
+  // Lane (g, t) takes quarter t of row g (and of row g + 8 with two row tiles): its segment,
+  // read as 16-byte words, holds every element its A fragments need.
+  auto load_qa = [&](const unsigned char* src) {
+    constexpr int kU = D / 32;  // 16-byte words per segment
+    uint32_t w0[4 * kU], w1[NT == 2 ? 4 * kU : 1];
+    auto seg = [&](int r, uint32_t* w) {
+      const uint4* s4 = reinterpret_cast<const uint4*>(src + r * T::kQRowB + t * T::kQSegB);
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const uint4 v = s4[u];
+        w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
+      }
+    };
+    seg(g, w0);
+    if constexpr (NT == 2) seg(8 + g, w1);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
       const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
-      const int d0 = (t * T::kKSpt + i) * KS + 4 * part;
-      const __half* q0 = src + g * D + d0;
+      const int wl = (i * KS + 4 * part) / 2;  // elements (t·kKSpt + i)·KS + 4·part: the segment's i·KS + 4·part
       if constexpr (NT == 2) {
-        const __half* q1 = src + (8 + g) * D + d0;
-        qa[ks][0] = *reinterpret_cast<const uint32_t*>(q0);
-        qa[ks][2] = *reinterpret_cast<const uint32_t*>(q0 + 2);
-        qa[ks][1] = *reinterpret_cast<const uint32_t*>(q1);
-        qa[ks][3] = *reinterpret_cast<const uint32_t*>(q1 + 2);
+        qa[ks][0] = w0[wl], qa[ks][2] = w0[wl + 1];
+        qa[ks][1] = w1[wl], qa[ks][3] = w1[wl + 1];
       } else {
-        qa[ks / 2][ks & 1] = *reinterpret_cast<const uint32_t*>(q0);
-        qa[ks / 2][2 + (ks & 1)] = *reinterpret_cast<const uint32_t*>(q0 + 2);
+        qa[ks / 2][ks & 1] = w0[wl];
+        qa[ks / 2][2 + (ks & 1)] = w0[wl + 1];
       }
     }
   };
@@ -828,7 +867,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
-                                                                  (kt * 16 + vtok(q)) * T::kVRow) + vw0;
+                                                                  T::vswz((kt * 16 + vtok(q)) * T::kVRow)) + vw0;
 #pragma unroll
             for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
           }
@@ -874,31 +913,47 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // kWT tokens at a time, copies their K and V rows into its own (now idle) ring stages with
     // one cp.async round trip, and runs the tile from shared memory (slots >= kWT masked).
     // The fp16 cache's launches (every token in the window) stream in full register tiles.
-    constexpr int kRowB = D * 2;
-    constexpr int kWT = PIPE * T::kStageBytes >= 2 * 16 * kRowB ? 16 : PIPE * T::kStageBytes >= 2 * 8 * kRowB ? 8 : 0;
+    // Staged rows are padded by 16 bytes where that costs no tokens per round, so the quads'
+    // vector reads of rows g (keys) and 2t + e (values) spread over the bank groups (unpadded:
+    // 8-way conflicts); a ring too small for padded rows stages them unpadded.
+    constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes;
+    constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
+    constexpr int kWTRaw = kRing >= 2 * 16 * kRowB ? 16 : kRing >= 2 * 8 * kRowB ? 8 : 0;
+    constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
+    constexpr int kWT = kWTRaw;
     if constexpr (kWT > 0) {
       if (!p.win_all && p.window_staged) {
         unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
-        unsigned char* const wv = wk + kWT * kRowB;
-        const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowB;
+        unsigned char* const wv = wk + kWT * kRowP;
+        const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowP;
         for (int base = w0 + warp * kWT; base < w1; base += T::kWarps * kWT) {
           const int n = min(kWT, w1 - base);
           for (int i = lane; i < n * (kRowB / 16); i += 32) {
             const int r = i / (kRowB / 16), off = (i % (kRowB / 16)) * 16;
-            cp_async16(wk_s + r * kRowB + off, reinterpret_cast<const unsigned char*>(kwin + slot(base + r) * D) + off);
-            cp_async16(wv_s + r * kRowB + off, reinterpret_cast<const unsigned char*>(vwin + slot(base + r) * D) + off);
+            cp_async16(wk_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(kwin + slot(base + r) * D) + off);
+            cp_async16(wv_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(vwin + slot(base + r) * D) + off);
           }
           cp_async_commit();
           cp_async_wait<0>();
           __syncwarp();
           auto row_words = [&](const unsigned char* rows, int sl, int d0, auto& w) {
             constexpr int NWd = int(sizeof(w) / 4);
-            const uint32_t* src = reinterpret_cast<const uint32_t*>(rows + min(sl, n - 1) * kRowB + d0 * 2);
+            const unsigned char* src = rows + min(sl, n - 1) * kRowP + d0 * 2;
+            uint32_t x[NWd];
+            if constexpr (NWd == 4) {
+              const uint4 v = *reinterpret_cast<const uint4*>(src);
+              x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+            } else if constexpr (NWd == 2) {
+              const uint2 v = *reinterpret_cast<const uint2*>(src);
+              x[0] = v.x, x[1] = v.y;
+            } else {
+#pragma unroll
+              for (int j = 0; j < NWd; ++j) x[j] = reinterpret_cast<const uint32_t*>(src)[j];
+            }
 #pragma unroll
             for (int j = 0; j < NWd; ++j) {
-              uint32_t x = src[j];
-              if constexpr (kBf16) x = bf16x2_to_f16x2(x);
-              w[j] = sl < n ? x : 0u;
+              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
+              w[j] = sl < n ? x[j] : 0u;
             }
           };
           float s[KT][2][4];
@@ -1006,7 +1061,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
-        float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + dlo;
+        float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
         dst[0] = o[mt][n][r];
         dst[1] = o[mt][n][2 + r];
       }
@@ -1030,7 +1085,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
     for (int w = 0; w < T::kWarps; ++w) {
       const float f = ex2(cm[w * kRows + row] - Mu);
-      acc += co[(w * kRows + row) * T::kCoStride + d] * f;
+      acc += co[(w * kRows + row) * T::kCoStride + T::co_col(d)] * f;
       lsum += cl[w * kRows + row] * f;
     }
     if (S == 1) {
@@ -1057,9 +1112,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       // Latency matters here (the merge is the tail of every split launch): every (split, row)
       // statistic is fetched in one parallel round, and each output element issues all of its
       // S partial loads before using any.
-      float* const wts = sQw;                  // [S][kRows]
-      float* const sl_l = sQw + 32 * kRows;    // [S][kRows]
-      float* const ltot = sQw + 64 * kRows;    // [kRows]   (n_splits <= 32; D >= 64 plus kRows spare)
+      // scratch in the region, dead since the block combine's reads (the barrier above)
+      float* const wts = reinterpret_cast<float*>(region);  // [S][kRows]
+      float* const sl_l = wts + 32 * kRows;                  // [S][kRows]
+      float* const ltot = wts + 64 * kRows;                  // [kRows]   (n_splits <= 32)
+      static_assert(65 * kRows * 4 <= T::kCombineBytes, "merge scratch fits the combine's space");
       for (int i = tid; i < S * kRows; i += T::kThreads) {
         const int64_t sl = int64_t(seg) * S * kRows + i;
         wts[i] = __ldcg(p.ws_ml + sl * 2);

@@ -7,6 +7,10 @@ VQ_ATTN_REGISTER_T(k4b8_v4b8, 4, 8, 4, 8, 2, 16, 3)
 // Large batches (every (batch, kv head) its own block, two waves of blocks or more): 8 warps
 // and two blocks per multiprocessor, so one block's setup and tail overlap the other's
 // streaming (docs/cuda-notes.md, run 12: 268.7 vs 291.0 us at 64 x 16384, same run).
+// Its shared-memory budget must still buy every lane its own codebook copy (16 of each): one
+// more KB of query buffers once cost it half the value copies and 23% at 64 x 16384 (run 20).
+static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>::kRK == 16 && AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>::kRV == 16,
+              "the two-blocks-per-SM d4b8 kernel lost conflict-free codebook replication");
 void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
   AttnEntry e = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>();
   e.wide = 1;
