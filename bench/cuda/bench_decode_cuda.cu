@@ -84,10 +84,10 @@ float median(std::vector<float> v) {
 
 struct Spec {
   int ks, kb, vs, vb;
-  int f8 = 0;  ///< 1: E4M3 codebooks (CodebookFormat::E4M3)
+  int fmt = 0;  ///< CodebookFormat: 0 fp16, 1 E4M3 codebooks, 2 int8 keys
   std::string str() const {
     return "d" + std::to_string(ks) + "b" + std::to_string(kb) + "/d" + std::to_string(vs) + "b" + std::to_string(vb) +
-           (f8 ? "+e4m3" : "");
+           (fmt == 1 ? "+e4m3" : fmt == 2 ? "+i8" : "");
   }
 };
 
@@ -150,7 +150,7 @@ std::vector<float> fp16_codebook(int n, int sub, std::mt19937_64& rng, std::vect
 
 /// Host copies of one (b, kvh) segment and the oracle on them: NMSE of our output rows.
 double validate_segment(const Buffers& bf, const cuda::AttnParams& p, const Spec& s, const std::vector<float>& kcb,
-                        const std::vector<float>& vcb, int b, int kvh, bool win_all) {
+                        const std::vector<float>& vcb, int b, int kvh, bool win_all, bool int8_query = false) {
   const int L = p.seq_len ? 0 : 0;
   (void)L;
   int32_t len = 0, rc = 0;
@@ -194,6 +194,7 @@ double validate_segment(const Buffers& bf, const cuda::AttnParams& p, const Spec
   in.value_codes = TensorView(vc.data(), DType::U8, {1, 1, n_code, vp.code_bytes},
                               {n_code * p.v_row_stride, n_code * p.v_row_stride, p.v_row_stride, 1});
   in.n_window = n_win;
+  in.int8_query = int8_query;
   if (n_win > 0) {
     in.window_keys = TensorView(kw.data(), DType::F16, {1, 1, slots, kD});
     in.window_values = TensorView(vw.data(), DType::F16, {1, 1, slots, kD});
@@ -219,7 +220,7 @@ struct Row {
   int B, L;
   double us, gbps, pct_copy, bytes;
   double nmse;
-  double nmse_f32 = -1;  ///< E4M3 rows: NMSE against the oracle on the f32 (fp16-exact) codebooks
+  double nmse_f32 = -1;  ///< E4M3 / int8 rows: NMSE against the oracle on the f32 (fp16-exact) codebooks and exact query
 };
 
 }  // namespace
@@ -289,11 +290,12 @@ int main(int argc, char** argv) {
     const size_t x = shape_arg.find('x');
     shapes = {{std::atoi(shape_arg.substr(0, x).c_str()), std::atoi(shape_arg.substr(x + 1).c_str())}};
   }
-  // each configuration with fp16 codebooks, then with E4M3 codebooks
+  // each configuration with fp16 codebooks, E4M3 codebooks and int8 keys
   std::vector<Spec> specs;
   for (const Spec& s : std::vector<Spec>{{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}, {8, 8, 8, 8}}) {
     specs.push_back(s);
     specs.push_back({s.ks, s.kb, s.vs, s.vb, 1});
+    specs.push_back({s.ks, s.kb, s.vs, s.vb, 2});
   }
   std::vector<Row> rows;
   std::mt19937_64 rng(1234);
@@ -335,11 +337,15 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(bf.kcb, kbits.data(), kbits.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bf.vcb, vbits.data(), vbits.size() * 2, cudaMemcpyHostToDevice));
     const E4M3Codebook k8 = make_e4m3_codebook(kcb), v8 = make_e4m3_codebook(vcb);
-    if (s.f8) {
+    const I8Codebook ki = make_i8_codebook(kcb);
+    if (s.fmt == 1) {
       CK(cudaMalloc(&bf.kcb8, k8.bytes.size()));
       CK(cudaMalloc(&bf.vcb8, v8.bytes.size()));
       CK(cudaMemcpy(bf.kcb8, k8.bytes.data(), k8.bytes.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(bf.vcb8, v8.bytes.data(), v8.bytes.size(), cudaMemcpyHostToDevice));
+    } else if (s.fmt == 2) {
+      CK(cudaMalloc(&bf.kcb8, ki.bytes.size()));
+      CK(cudaMemcpy(bf.kcb8, ki.bytes.data(), ki.bytes.size(), cudaMemcpyHostToDevice));
     }
     CK(cudaMalloc(&bf.len, B * 4));
     CK(cudaMalloc(&bf.rc, B * 4));
@@ -373,11 +379,14 @@ int main(int argc, char** argv) {
     p.v_row_stride = vrs;
     p.k_cb16 = bf.kcb;
     p.v_cb16 = bf.vcb;
-    if (s.f8) {
+    if (s.fmt == 1) {
       p.k_cb8 = bf.kcb8;
       p.v_cb8 = bf.vcb8;
       p.k_cb_qmul = 1.0f / k8.scale;
       p.v_cb_omul = 1.0f / v8.scale;
+    } else if (s.fmt == 2) {
+      p.k_cb8 = bf.kcb8;
+      p.k_cb_qmul = ki.scale;
     }
     p.use_hadamard = 1;
     p.hadamard_scale = float(1.0 / std::sqrt(double(kD)));
@@ -405,9 +414,11 @@ int main(int argc, char** argv) {
     CK(cudaDeviceSynchronize());
     double worst = 0, worst_f32 = -1;
     for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}}) {
-      // E4M3 rows: the oracle on the centroids the kernel holds, and (reported) the f32 one
-      worst = std::max(worst, validate_segment(bf, p, s, s.f8 ? k8.decoded : kcb, s.f8 ? v8.decoded : vcb, b, h, fp));
-      if (s.f8) worst_f32 = std::max(worst_f32, validate_segment(bf, p, s, kcb, vcb, b, h, fp));
+      // E4M3 / int8 rows: the oracle on the centroids (and int8 query) the kernel computes
+      // with, and (reported) the one on the f32 codebooks and exact query
+      const std::vector<float>& kc = s.fmt == 1 ? k8.decoded : s.fmt == 2 ? ki.decoded : kcb;
+      worst = std::max(worst, validate_segment(bf, p, s, kc, s.fmt == 1 ? v8.decoded : vcb, b, h, fp, s.fmt == 2));
+      if (s.fmt) worst_f32 = std::max(worst_f32, validate_segment(bf, p, s, kcb, vcb, b, h, fp));
     }
     const bool ok = worst <= 2e-4;
     all_valid &= ok;
@@ -470,7 +481,7 @@ int main(int argc, char** argv) {
     const double gbps = bytes / (us * 1e-6) / 1e9;
     std::printf("%-22s B=%-3d L=%-7d splits=%-2d occ=%d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s",
                 name.c_str(), B, L, S, bps, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
-    if (s.f8) std::printf(" (vs f32 codebooks %.2e)", worst_f32);
+    if (s.fmt) std::printf(" (vs f32 codebooks %.2e)", worst_f32);
     std::printf("\n");
     std::fflush(stdout);
     bf.free_all();
@@ -479,8 +490,8 @@ int main(int argc, char** argv) {
 
   for (int fp = 0; fp < 2; ++fp)
     for (const Spec& s : specs) {
-      if (fp == 1 && !(s.ks == 4 && s.kb == 8 && s.vs == 4 && s.vb == 8 && !s.f8)) continue;  // fp16 path: once
-      const cuda::AttnConfigKey key{kD, s.ks, s.kb, s.vs, s.vb, 1, s.f8};
+      if (fp == 1 && !(s.ks == 4 && s.kb == 8 && s.vs == 4 && s.vb == 8 && !s.fmt)) continue;  // fp16 path: once
+      const cuda::AttnConfigKey key{kD, s.ks, s.kb, s.vs, s.vb, 1, s.fmt};
       if (!cuda::attn_config_compiled(key)) {
         std::printf("%-16s not compiled in this build (VQ_CUDA_ALL_CONFIGS=OFF)\n", s.str().c_str());
         continue;
@@ -510,7 +521,7 @@ int main(int argc, char** argv) {
                                                  "blocks/SM asked, w = warps/block)\n");
   for (int i = 0; i < cuda::attn_variant_count(); ++i) {
     const cuda::AttnVariantInfo v = cuda::attn_variant_info(i);
-    const Spec s{v.key.key_sub_dim, v.key.key_bits, v.key.value_sub_dim, v.key.value_bits, v.key.cb_f8};
+    const Spec s{v.key.key_sub_dim, v.key.key_bits, v.key.value_sub_dim, v.key.value_bits, v.key.cb_fmt};
     const int bps = cuda::attn_variant_blocks_per_sm(i, dev);
     const std::string name = s.str() + " kt" + std::to_string(v.kt) + " mb" + std::to_string(v.minb) + " w" +
                              std::to_string(v.warps) + " p" + std::to_string(v.pipe);
@@ -637,7 +648,7 @@ int main(int argc, char** argv) {
     }
 
   // ---- one decode step through the cache API, captured in a graph --------------------------
-  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3}) {
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8}) {
     if (skip_step) break;
     double step_us = 0;
     KVCacheConfig c;
@@ -705,7 +716,7 @@ int main(int argc, char** argv) {
   // (e4m3 rows: NMSE of the output against the oracle on the f32 codebooks, i.e. what the
   // 1-byte centroids cost on these random codebooks; fp16 rows are within 2e-4 of it by validation)
   std::printf("\n| config | batch x context | ours us | ours GB/s | %% of copy BW | peer us | peer TB/s | speedup | "
-              "e4m3 NMSE vs f32 codebooks |\n");
+              "e4m3/i8 NMSE vs f32 codebooks |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   for (const Row& r : rows) {
     auto it = peer.find({r.B, r.L});

@@ -47,8 +47,14 @@ enum class CacheKind { FP16, VecInfer };
 ///  * E4M3: centroids stored as OCP FP8 E4M3 after a power-of-two scale per codebook (relative
 ///    error <= 2^-4): a shared-memory gather moves half the bytes, the kernel's bottleneck.
 ///    What it costs in attention error is measured in docs/cuda-kernels.md ("E4M3 codebooks").
-enum class CodebookFormat { F16, E4M3 };
-const char* codebook_format_name(CodebookFormat f);  ///< "f16", "e4m3"
+///  * I8: key centroids as int8 with one scale per codebook (max |c| / 127) and scored on int8
+///    tensor cores against the transformed query rounded to int8 per row (max |q̃| / 127); values
+///    stay fp16. A key gather moves half the bytes and needs no conversion. Its attention error
+///    is measured in docs/cuda-kernels.md ("Int8 keys").
+enum class CodebookFormat { F16, E4M3, I8 };
+const char* codebook_format_name(CodebookFormat f);  ///< "f16", "e4m3", "i8"
+/// The format named "f16", "e4m3" or "i8"; ValueError naming the choices otherwise.
+CodebookFormat parse_codebook_format(const std::string& name);
 
 /// Configuration with the original's fields. Defaults follow the original / the paper.
 struct KVCacheConfig {

@@ -91,6 +91,17 @@ struct E4M3Codebook {
 /// ValueError if the codebook holds a non-finite value.
 E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook);
 
+/// A key codebook as the CUDA attention kernels hold it with CodebookFormat::I8: bytes =
+/// int8 round-to-nearest-even(c / scale) clamped to ±127, scale = max |c| / 127 (1 for an
+/// all-zero codebook), and decoded = byte · scale — the centroids the kernel scores with.
+struct I8Codebook {
+  std::vector<int8_t> bytes;
+  float scale = 1.0f;
+  std::vector<float> decoded;
+};
+/// ValueError if the codebook holds a non-finite value.
+I8Codebook make_i8_codebook(const std::vector<float>& codebook);
+
 // Scalar oracles (src/ref/pq_ref.cpp): plain loops, never tuned.
 void pq_encode_ref(const ProductQuantizer& pq, const float* x, int64_t n, uint8_t* codes);
 void pq_decode_ref(const ProductQuantizer& pq, const uint8_t* codes, int64_t n, float* x);

@@ -21,8 +21,15 @@ const char* codebook_format_name(CodebookFormat f) {
   switch (f) {
     case CodebookFormat::F16: return "f16";
     case CodebookFormat::E4M3: return "e4m3";
+    case CodebookFormat::I8: return "i8";
   }
   return "?";
+}
+
+CodebookFormat parse_codebook_format(const std::string& name) {
+  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8})
+    if (name == codebook_format_name(f)) return f;
+  VQ_THROW(ValueError, "codebook format '" << name << "' is not one of f16, e4m3, i8");
 }
 
 CacheMode KVCacheConfig::mode() const {

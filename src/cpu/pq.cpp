@@ -228,13 +228,21 @@ void unpack_codes(const uint8_t* packed, int64_t n_rows, int64_t n_codes, int bi
   }
 }
 
-E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook) {
+namespace {
+/// max |c| over a codebook that must be finite (ValueError naming the element otherwise).
+float finite_max_abs(const std::vector<float>& codebook, const char* what) {
   float mx = 0.0f;
   for (size_t i = 0; i < codebook.size(); ++i) {
     VQ_CHECK_VALUE(std::isfinite(codebook[i]),
-                   "E4M3 codebook: element " << i << " of " << codebook.size() << " is not finite (" << codebook[i] << ")");
+                   what << ": element " << i << " of " << codebook.size() << " is not finite (" << codebook[i] << ")");
     mx = std::max(mx, std::fabs(codebook[i]));
   }
+  return mx;
+}
+}  // namespace
+
+E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook) {
+  const float mx = finite_max_abs(codebook, "E4M3 codebook");
   E4M3Codebook r;
   r.scale = e4m3_codebook_scale(mx);
   r.bytes.resize(codebook.size());
@@ -242,6 +250,20 @@ E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook) {
   for (size_t i = 0; i < codebook.size(); ++i) {
     r.bytes[i] = float_to_e4m3(codebook[i] * r.scale);  // exact product: a power of two
     r.decoded[i] = e4m3_to_float(r.bytes[i]) / r.scale;
+  }
+  return r;
+}
+
+I8Codebook make_i8_codebook(const std::vector<float>& codebook) {
+  const float mx = finite_max_abs(codebook, "int8 codebook");
+  I8Codebook r;
+  r.scale = mx > 0.0f ? mx / 127.0f : 1.0f;
+  r.bytes.resize(codebook.size());
+  r.decoded.resize(codebook.size());
+  for (size_t i = 0; i < codebook.size(); ++i) {
+    const float q = std::nearbyint(codebook[i] / r.scale);  // round to nearest even (the default mode)
+    r.bytes[i] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+    r.decoded[i] = float(r.bytes[i]) * r.scale;
   }
   return r;
 }

@@ -42,7 +42,7 @@ const std::vector<AttnEntry>& registry() {
 bool same(const AttnConfigKey& a, const AttnConfigKey& b) {
   return a.head_dim == b.head_dim && a.key_sub_dim == b.key_sub_dim && a.key_bits == b.key_bits &&
          a.value_sub_dim == b.value_sub_dim && a.value_bits == b.value_bits && a.n_tiles == b.n_tiles &&
-         a.cb_f8 == b.cb_f8;
+         a.cb_fmt == b.cb_fmt;
 }
 
 const AttnEntry* find(const AttnConfigKey& k) {
@@ -80,7 +80,7 @@ int device_sms(int dev) {
 std::string key_str(const AttnConfigKey& k) {
   std::ostringstream os;
   os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-     << k.head_dim << "x" << 8 * k.n_tiles << (k.cb_f8 ? " (e4m3 codebooks)" : "");
+     << k.head_dim << "x" << 8 * k.n_tiles << (k.cb_fmt == 1 ? " (e4m3 codebooks)" : k.cb_fmt == 2 ? " (int8 keys)" : "");
   return os.str();
 }
 
@@ -126,7 +126,7 @@ const char* attn_compiled_list() {
       AttnConfigKey k = e.key;
       std::ostringstream os;
       os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-         << k.head_dim << (k.cb_f8 ? "+e4m3" : "");
+         << k.head_dim << (k.cb_fmt == 1 ? "+e4m3" : k.cb_fmt == 2 ? "+i8" : "");
       names.insert(os.str());
     }
     std::string out;

@@ -29,7 +29,8 @@
 //    codebooks are replicated across banks: lane l of a shared-memory phase reads copy
 //    l mod R, each copy living in its own bank group, which makes the random gathers
 //    conflict-free when R covers the phase (8-bit codebooks) and spreads them otherwise.
-//    With F8 the codebooks are E4M3 (c·s, s a power of two per codebook): a gather moves half
+//    Codebook formats (template CBF = CodebookFormat): 0 fp16; 1 E4M3 (c·s, s a power of two
+//    per codebook): a gather moves half
 //    the bytes (one wavefront per warp for d4 instead of two) and one cvt per two elements
 //    makes the fp16 fragment; q̃ carries 1/s_k, the value accumulators get 1/s_v.
 //  * Codes stream into registers one warp tile (32 tokens) ahead with L1-bypassing loads,
@@ -65,7 +66,7 @@ constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, i
   return {rk, rv};
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
 struct AttnTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
   static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
@@ -91,11 +92,12 @@ struct AttnTraits {
   static constexpr int kVA = (kVBits + 31) / 32;
   static constexpr bool kVAligned = lanes_aligned(kVBits, 8);
   static_assert(kKSpt * 4 == kKSubs && kVSpt * 8 == kVSubs, "sub-vectors must split over lanes");
-  // codebooks in shared memory (fp16, or E4M3 with F8), replicated over bank groups
-  static_assert(F8 == 0 || F8 == 1, "F8: 0 = fp16 codebooks, 1 = E4M3 codebooks");
+  // codebooks in shared memory, replicated over bank groups: CBF 0 fp16 keys and values, 1 E4M3
+  // keys and values, 2 int8 keys (scored on int8 tensor cores against an int8 query) + fp16 values
+  static_assert(CBF == 0 || CBF == 1 || CBF == 2, "CBF: 0 = fp16, 1 = E4M3, 2 = int8 keys + fp16 values");
+  static constexpr bool kI8 = CBF == 2;
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
-  static constexpr int kCbElem = F8 ? 1 : 2;               // bytes per codebook element
-  static constexpr int kEK = KS * kCbElem, kEV = VS * kCbElem;  // bytes per entry
+  static constexpr int kEK = KS * (CBF == 0 ? 2 : 1), kEV = VS * (CBF == 1 ? 1 : 2);  // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
   // code rows as laid out by the caches (pq.h packing, padded to 4 bytes)
   static constexpr int kKRow = ((D / KS * KB + 7) / 8 + 3) / 4 * 4, kVRow = ((D / VS * VB + 7) / 8 + 3) / 4 * 4;
@@ -112,7 +114,11 @@ struct AttnTraits {
   // reads as its MMA A fragments, is one segment of kQSegB bytes; the 16-byte pad puts the 8
   // lanes of a 128-bit shared-memory phase in 8 different bank groups (unpadded rows: 16-way).
   static constexpr int kQSegB = D / 2 + 16, kQRowB = 4 * kQSegB;
-  static constexpr int kQBytes = kRows * 2 * kQRowB + 64;  // + the merge flag
+  // int8 keys: the int8 query in the same segmented layout (D/4 bytes per segment, padded) and
+  // one score scale per row (query scale · key codebook scale)
+  static constexpr int kQ8SegB = D / 4 + 16, kQ8RowB = 4 * kQ8SegB;
+  static constexpr int kQ8Bytes = kI8 ? kRows * (kQ8RowB + 4) : 0;
+  static constexpr int kQBytes = kRows * 2 * kQRowB + kQ8Bytes + 64;  // + the merge flag
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
   static constexpr int kCbBudget = (MINB == 1 ? 216 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
   static constexpr CbCopies kCopies = pick_copies(kNK * kEK, kPK, kNV * kEV, kPV, kCbBudget);
@@ -247,9 +253,9 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
 /// One centroid of S elements from shared memory as S/2 fp16 words (an MMA fragment): fp16
 /// entries (2·S bytes) load as they are, E4M3 entries (S bytes: half the shared-memory
 /// wavefronts per gather) are converted.
-template <int S, int F8>
+template <int S, int CBF>
 __device__ __forceinline__ void lds_centroid(uint32_t a, uint32_t (&w)[S / 2]) {
-  if constexpr (!F8) {
+  if constexpr (!CBF) {
     lds_entry_s<2 * S>(a, w);
   } else {
     uint32_t r[S / 4];
@@ -282,9 +288,9 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, bool valid, uint32_
   }
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
 __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams p) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   // region: codebooks, later the block combine; ring: per-warp code stages; then the queries
@@ -302,7 +308,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   unsigned char* const sV = region + (T::kPrmt ? 128 : T::kKcbBytes);
   unsigned char* const sQt = sQbuf;                                // [kRows] segmented rows: q̃·scale
   unsigned char* const sQr = sQt + kRows * T::kQRowB;              // [kRows] segmented rows: q·scale
-  int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB);
+  unsigned char* const sQ8 = sQr + kRows * T::kQRowB;                 // int8 keys: [kRows] segmented int8 q̃
+  float* const sQs = reinterpret_cast<float*>(sQ8 + kRows * T::kQ8RowB);  // int8 keys: [kRows] score scales
+  int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB + T::kQ8Bytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
   // element d of query row r in a segmented query buffer
@@ -332,8 +340,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // The codebook entries this thread will replicate (none for the fp16 cache's launches).
   constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
   uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
-  const unsigned char* const kcb = F8 ? p.k_cb8 : reinterpret_cast<const unsigned char*>(p.k_cb16);
-  const unsigned char* const vcb = F8 ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
+  const unsigned char* const kcb = CBF ? p.k_cb8 : reinterpret_cast<const unsigned char*>(p.k_cb16);
+  const unsigned char* const vcb = CBF == 1 ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
   // entry c of a codebook (n entries of E bytes) for c = tid, tid + threads, ... (clamped)
   auto load_entries = [&](auto& regs, const unsigned char* cb, auto n_tag, auto entry_tag) {
     constexpr int N = decltype(n_tag)::value, E = decltype(entry_tag)::value;
@@ -479,7 +487,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // registers and shuffles, with no block barrier per stage.
   {
     // E4M3 key centroids are stored times k_cb_scale: q̃ carries its inverse (a power of two)
-    const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2 * (F8 ? p.k_cb_qmul : 1.0f);
+    const float qscale = (p.use_hadamard ? p.hadamard_scale : 1.0f) * p.scale_log2 * (CBF == 1 ? p.k_cb_qmul : 1.0f);
 #pragma unroll
     for (int k = 0; k < kQRowsPerWarp; ++k) {
       const int r = warp + k * T::kWarps;
@@ -510,6 +518,23 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
 #pragma unroll
         for (int j = 0; j < kQE; ++j) *q_elem(sQt, r, lane * kQE + j) = __float2half_rn(y[j] * qscale);
+        if constexpr (T::kI8) {
+          // int8 q̃, symmetric per row: q8 = rn(q̃·127 / max|q̃|); a score is then
+          // (q8 · key bytes) · max|q̃|/127 · s_k, exact in int32 up to that one scale
+          float mx = 0.0f;
+#pragma unroll
+          for (int j = 0; j < kQE; ++j) mx = fmaxf(mx, fabsf(y[j] * qscale));
+#pragma unroll
+          for (int m = 1; m < 32; m <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+          const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+#pragma unroll
+          for (int j = 0; j < kQE; ++j) {
+            const int d = lane * kQE + j;
+            const int v = max(-127, min(127, __float2int_rn(y[j] * qscale * inv)));
+            reinterpret_cast<int8_t*>(sQ8 + r * T::kQ8RowB + (d / (D / 4)) * T::kQ8SegB)[d % (D / 4)] = int8_t(v);
+          }
+          if (lane == 0) sQs[r] = mx * (1.0f / 127.0f) * p.k_cb_qmul;
+        }
       }
     }
   }
@@ -584,6 +609,42 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       } else {
         qa[ks / 2][ks & 1] = w0[wl];
         qa[ks / 2][2 + (ks & 1)] = w0[wl + 1];
+      }
+    }
+  };
+  // int8 keys: scores run on mma m16n8k32 (s8 · s8 → s32). K-step ks covers 32 permuted dims:
+  // lane (g, t) puts the 8 dims of its sub-vectors 2ks, 2ks + 1 (d4) or ks (d8) at k = 4t..4t+3
+  // and 16 + 4t..16 + 4t + 3 — the B fragment is the gathered int8 centroid(s) as they land, the
+  // A fragment words 2ks, 2ks + 1 of the lane's int8 query segment. One row tile: one A
+  // fragment serves k-steps 2j (rows g) and 2j + 1 (rows g + 8), as for fp16.
+  constexpr int kKSteps8 = D / 32;
+  constexpr int kQA8 = NT == 2 ? kKSteps8 : kKSteps8 / 2;
+  [[maybe_unused]] uint32_t qa8[T::kI8 ? kQA8 : 1][4];
+  [[maybe_unused]] float qs8[NT];  // score scale of rows g (and g + 8)
+  auto load_qa8 = [&]() {
+    if constexpr (T::kI8) {
+      constexpr int kW = D / 16;  // 32-bit words per int8 segment
+      uint32_t w0[kW], w1[NT == 2 ? kW : 1];
+      auto seg = [&](int r, uint32_t* w) {
+        const uint4* s4 = reinterpret_cast<const uint4*>(sQ8 + r * T::kQ8RowB + t * T::kQ8SegB);
+#pragma unroll
+        for (int u = 0; u < kW / 4; ++u) {
+          const uint4 v = s4[u];
+          w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
+        }
+      };
+      seg(g, w0);
+      qs8[0] = sQs[g];
+      if constexpr (NT == 2) seg(8 + g, w1), qs8[1] = sQs[8 + g];
+#pragma unroll
+      for (int ks = 0; ks < kKSteps8; ++ks) {
+        if constexpr (NT == 2) {
+          qa8[ks][0] = w0[2 * ks], qa8[ks][2] = w0[2 * ks + 1];
+          qa8[ks][1] = w1[2 * ks], qa8[ks][3] = w1[2 * ks + 1];
+        } else {
+          qa8[ks / 2][ks & 1] = w0[2 * ks];
+          qa8[ks / 2][2 + (ks & 1)] = w0[2 * ks + 1];
+        }
       }
     }
   };
@@ -745,7 +806,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- coded tokens -------------------------------------------------------------------------
   if (has_code) {
-    load_qa(sQt);
+    if constexpr (T::kI8) load_qa8();
+    else load_qa(sQt);
     const int kw0 = (t * T::kKBits) >> 5, ksh = (t * T::kKBits) & 31;
     const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
     const int krs = p.k_row_stride, vrs = p.v_row_stride;
@@ -778,6 +840,48 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // P·V̂, from the codes in `cur`.
     auto process = [&](const Tile& cur, int base) {
       float s[KT][2][4];
+      if constexpr (T::kI8) {
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) {
+          int ev[2][4] = {}, od[2][4] = {};
+          uint32_t a0[T::kKA], a1[T::kKA];
+          if constexpr (T::kKAligned) {
+#pragma unroll
+            for (int j = 0; j < T::kKA; ++j) a0[j] = cur.k[kt][0][j], a1[j] = cur.k[kt][1][j];
+          } else {
+            realign(cur.k[kt][0], ksh, a0);
+            realign(cur.k[kt][1], ksh, a1);
+          }
+#pragma unroll
+          for (int ks = 0; ks < kKSteps8; ++ks) {
+            uint32_t b0[2], b1[2];  // tokens g and g + 8
+            if constexpr (KS == 4) {
+              b0[0] = lds_u32(k_at(a0, 2 * ks)), b0[1] = lds_u32(k_at(a0, 2 * ks + 1));
+              b1[0] = lds_u32(k_at(a1, 2 * ks)), b1[1] = lds_u32(k_at(a1, 2 * ks + 1));
+            } else {
+              lds_entry_s<8>(k_at(a0, ks), b0);
+              lds_entry_s<8>(k_at(a1, ks), b1);
+            }
+            const uint32_t(&q)[4] = qa8[NT == 2 ? ks : ks / 2];
+            int(&acc)[2][4] = (ks & 1) ? od : ev;
+            mma_s8(acc[0], q[0], q[1], q[2], q[3], b0[0], b0[1]);
+            mma_s8(acc[1], q[0], q[1], q[2], q[3], b1[0], b1[1]);
+          }
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            if constexpr (NT == 1) {  // odd k-steps ran as rows g + 8
+              s[kt][h][0] = float(ev[h][0] + od[h][2]) * qs8[0];
+              s[kt][h][1] = float(ev[h][1] + od[h][3]) * qs8[0];
+              s[kt][h][2] = s[kt][h][3] = 0.0f;
+            } else {
+              s[kt][h][0] = float(ev[h][0] + od[h][0]) * qs8[0];
+              s[kt][h][1] = float(ev[h][1] + od[h][1]) * qs8[0];
+              s[kt][h][2] = float(ev[h][2] + od[h][2]) * qs8[NT - 1];
+              s[kt][h][3] = float(ev[h][3] + od[h][3]) * qs8[NT - 1];
+            }
+          }
+        }
+      } else {
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
         float s1[2][4];
@@ -796,11 +900,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int i = 0; i < T::kKSpt; ++i) {
           uint32_t e0[KS / 2], e1[KS / 2];
-          lds_centroid<KS, F8>(k_at(a0, i), e0);
-          lds_centroid<KS, F8>(k_at(a1, i), e1);
+          lds_centroid<KS, CBF == 1>(k_at(a0, i), e0);
+          lds_centroid<KS, CBF == 1>(k_at(a1, i), e1);
           score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, true>{}, integral_constant<int, 2>{});
         }
         fold(s[kt], s1, integral_constant<bool, true>{});
+      }
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
@@ -814,7 +919,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
             realign(cur.v[kt][q], vsh, a);
           }
-          lds_centroid<VS, F8>(v_at(a, i), vw[q]);
+          lds_centroid<VS, CBF == 1>(v_at(a, i), vw[q]);
         }
       });
     };
@@ -891,7 +996,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
     // E4M3 value centroids are stored times v_cb_scale: undo it before the exact window
     // tokens add to the same accumulators (a power of two: exact in fp32)
-    if constexpr (F8) {
+    if constexpr (CBF == 1) {
 #pragma unroll
       for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
@@ -1185,12 +1290,12 @@ struct AttnEntry {
 };
 
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int F8 = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
 AttnEntry attn_entry() {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>;
   static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
-  return {{D, KS, KB, VS, VB, NT, F8},
-          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>),
+  return {{D, KS, KB, VS, VB, NT, CBF},
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>),
           T::kSmem,
           T::kThreads,
           T::kKRow,
@@ -1204,9 +1309,9 @@ struct AttnVariantEntry {
   AttnEntry entry;
   int kt, minb, warps, pipe;
 };
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT, int MINB, int W, int PIPE, int F8 = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT, int MINB, int W, int PIPE, int CBF = 0>
 AttnVariantEntry attn_variant() {
-  return {attn_entry<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, F8>(), KT, MINB, W, PIPE};
+  return {attn_entry<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>(), KT, MINB, W, PIPE};
 }
 
 }  // namespace veloxquant::cuda

@@ -18,5 +18,8 @@ void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
   AttnEntry f = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>();  // E4M3 codebooks
   f.wide = 1;
   out.push_back(f);
+  AttnEntry i = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2>();  // int8 keys
+  i.wide = 1;
+  out.push_back(i);
 }
 }  // namespace veloxquant::cuda

@@ -1002,7 +1002,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       << (config_.use_hadamard ? " + Hadamard" : ", no Hadamard") << " [batch=" << batch_
       << ", n_kv_heads=" << n_kv_heads_ << ", head_dim=" << config_.head_dim << "], " << offset() << " tokens, "
       << nbytes() << " bytes";
-    if (cb_f8()) o << "; fused_sdpa reads e4m3 codebooks";
+    if (cb_fmt() == 1) o << "; fused_sdpa reads e4m3 codebooks";
+    if (cb_fmt() == 2) o << "; fused_sdpa scores int8 keys";
     if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
     return o.str();
   }
@@ -1011,7 +1012,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   cuda::AttnConfigKey attn_key(int nt) const override {
     if (mode_ == CacheMode::Standard) return {config_.head_dim, 4, 8, 4, 8, nt};  // fp16 path over K̂/V̂
     return {config_.head_dim, key_pq_.sub_dim,         key_pq_.codebook_bits, value_pq_.sub_dim, value_pq_.codebook_bits,
-            nt,               cb_f8()};
+            nt,               cb_fmt()};
   }
 
   void fill_attn(cuda::AttnParams& p) const override {
@@ -1034,11 +1035,15 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     p.code_cap = capacity_;
     p.k_row_stride = int(k_rs_);
     p.v_row_stride = int(v_rs_);
-    if (cb_f8()) {
+    if (cb_fmt() == 1) {
       p.k_cb8 = k_cb8_.ptr<uint8_t>();
       p.v_cb8 = v_cb8_.ptr<uint8_t>();
       p.k_cb_qmul = k_cb_qmul_;
       p.v_cb_omul = v_cb_omul_;
+    } else if (cb_fmt() == 2) {
+      p.k_cb8 = k_cb8_.ptr<uint8_t>();
+      p.v_cb16 = v_cb16_.ptr<uint16_t>();
+      p.k_cb_qmul = k_cb_qmul_;
     } else {
       p.k_cb16 = k_cb16_.ptr<uint16_t>();
       p.v_cb16 = v_cb16_.ptr<uint16_t>();
@@ -1093,7 +1098,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
                    << kp.codebook_bits << ", values b" << vp.codebook_bits << ")");
     if (mode_ != CacheMode::Standard) {
       const cuda::AttnConfigKey k1{D, kp.sub_dim, kp.codebook_bits, vp.sub_dim, vp.codebook_bits, 1,
-                                   c.attention_codebooks == CodebookFormat::E4M3 ? 1 : 0};
+                                   static_cast<int>(c.attention_codebooks)};
       VQ_CHECK_T(cuda::attn_config_compiled(k1), UnsupportedError,
                  "CUDA VecInfer cache: attention for keys " << kp.spec().str() << ", values " << vp.spec().str()
                                                             << " at head_dim " << D << " with "
@@ -1111,11 +1116,20 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     v_nrm_ = upload_f32(vp.centroid_norms, {vp.n_centroids}, device_);
     k_cb16_ = v_cb16_ = k_cb8_ = v_cb8_ = Tensor{};
     k_cb_qmul_ = v_cb_omul_ = 1.0f;
+    cb_fmt_ = 0;
     if (mode_ != CacheMode::Standard && c.attention_codebooks == CodebookFormat::E4M3) {
       const E4M3Codebook ke = make_e4m3_codebook(kp.codebook), ve = make_e4m3_codebook(vp.codebook);
       k_cb8_ = upload_u8(ke.bytes, {kp.n_centroids, kp.sub_dim}, device_);
       v_cb8_ = upload_u8(ve.bytes, {vp.n_centroids, vp.sub_dim}, device_);
       k_cb_qmul_ = 1.0f / ke.scale, v_cb_omul_ = 1.0f / ve.scale;  // powers of two: exact
+      cb_fmt_ = 1;
+    } else if (mode_ != CacheMode::Standard && c.attention_codebooks == CodebookFormat::I8) {
+      const I8Codebook ki = make_i8_codebook(kp.codebook);
+      const std::vector<uint8_t> kb(ki.bytes.begin(), ki.bytes.end());  // the int8 bytes as stored
+      k_cb8_ = upload_u8(kb, {kp.n_centroids, kp.sub_dim}, device_);
+      v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
+      k_cb_qmul_ = ki.scale;
+      cb_fmt_ = 2;
     } else if (mode_ != CacheMode::Standard) {
       k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
       v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
@@ -1335,6 +1349,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(k_cmax_, o.k_cmax_);
     std::swap(v_cmax_, o.v_cmax_);
     std::swap(k_cb_qmul_, o.k_cb_qmul_);
+    std::swap(cb_fmt_, o.cb_fmt_);
     std::swap(v_cb_omul_, o.v_cb_omul_);
     Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
                       &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
@@ -1350,10 +1365,11 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   bool random_codebooks_ = false;
   int64_t k_rs_ = 4, v_rs_ = 4;
   float k_cmax_ = 0, v_cmax_ = 0;
-  float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3 codebooks: 1/scale of the key and value codebooks
+  float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3: 1/scale of the key and value codebooks; int8 keys: the key scale
   Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
-  /// Whether fused_sdpa reads E4M3 codebooks (CodebookFormat::E4M3, coded modes).
-  int cb_f8() const { return k_cb8_.defined() ? 1 : 0; }
+  /// The codebooks fused_sdpa reads (AttnConfigKey::cb_fmt: 0 fp16, 1 E4M3, 2 int8 keys; coded modes).
+  int cb_fmt_ = 0;
+  int cb_fmt() const { return cb_fmt_; }
   Tensor held_k_, held_v_, codes_k_, codes_v_, pend_k_, pend_v_, ring_k_, ring_v_;
   std::unique_ptr<CacheState> staged_;
 };

@@ -46,10 +46,11 @@ struct AttnParams {
   int k_row_stride = 0, v_row_stride = 0;
   const uint16_t* k_cb16 = nullptr;  ///< F16 [2^key_bits, key_sub_dim]
   const uint16_t* v_cb16 = nullptr;  ///< F16 [2^value_bits, value_sub_dim]
-  /// E4M3 codebooks (kernels compiled with cb_f8): round_e4m3(c · s) for a power-of-two s per
+  /// E4M3 codebooks (kernels with cb_fmt 1): round_e4m3(c · s) for a power-of-two s per
   /// codebook; the kernel multiplies q̃ by k_cb_qmul = 1/s_k and the coded part of the value
-  /// accumulators by v_cb_omul = 1/s_v.
-  const uint8_t* k_cb8 = nullptr;  ///< E4M3 [2^key_bits, key_sub_dim]
+  /// accumulators by v_cb_omul = 1/s_v. Int8 keys (cb_fmt 2): k_cb8 holds int8 bytes
+  /// round(c / s_k) and k_cb_qmul = s_k (a centroid is byte · s_k); values in v_cb16.
+  const uint8_t* k_cb8 = nullptr;  ///< E4M3 or int8 [2^key_bits, key_sub_dim]
   const uint8_t* v_cb8 = nullptr;  ///< E4M3 [2^value_bits, value_sub_dim]
   float k_cb_qmul = 1.0f, v_cb_omul = 1.0f;
   const float* lambda = nullptr;     ///< [n_kv_heads, head_dim] or null (identity)
@@ -93,7 +94,7 @@ constexpr int kAttnProfSlots = 10;
 /// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
 struct AttnConfigKey {
   int head_dim, key_sub_dim, key_bits, value_sub_dim, value_bits, n_tiles;
-  int cb_f8 = 0;  ///< 1: the kernel reads E4M3 codebooks (k_cb8/v_cb8), 0: fp16 (k_cb16/v_cb16)
+  int cb_fmt = 0;  ///< CodebookFormat: 0 fp16 (k_cb16/v_cb16), 1 E4M3 (k_cb8/v_cb8), 2 int8 keys (k_cb8) + fp16 values (v_cb16)
 };
 
 /// Whether this build holds a kernel for the configuration.

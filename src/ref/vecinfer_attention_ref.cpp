@@ -8,6 +8,7 @@
 // positions and masks of attention.h. The fast path instead scores with the transformed query
 // q̃ = (q ⊙ λ)·H against the codebook directly; both agree to float rounding because H is
 // orthonormal.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -98,6 +99,7 @@ void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView&
   const double scale = detail::resolved_scale(params, D);
   std::vector<float> K(size_t(std::max<int64_t>(N, 1) * D)), V(size_t(std::max<int64_t>(N, 1) * D));
   std::vector<double> s(size_t(std::max<int64_t>(N, 1))), acc(static_cast<size_t>(D));
+  std::vector<float> Kt(in.int8_query ? K.size() : 0), qt(static_cast<size_t>(D));  // int8 query: keys and query in the transformed space
   for (int64_t b = 0; b < B; ++b)
     for (int64_t kh = 0; kh < Hkv; ++kh) {
       // K̂, V̂ of every token of this (batch, kv head), [N, head_dim] f32.
@@ -117,6 +119,7 @@ void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView&
             V[size_t(j * D + m * vp.sub_dim + e)] = vp.codebook[size_t(c) * vp.sub_dim + e];
         }
       }
+      if (in.int8_query) std::copy(K.begin(), K.begin() + Nc * D, Kt.begin());
       if (Nc > 0) in.transform->inverse_keys(K.data(), Nc, int(kh));
       for (int64_t i = 0; i < in.n_window; ++i) {
         const int64_t slot = (in.window_first_slot + i) % in.window_keys.shape[2];
@@ -131,12 +134,24 @@ void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView&
         const int64_t h = kh * G + g;
         for (int64_t i = 0; i < Lq; ++i) {
           const int64_t pos = N - Lq + i;
+          if (in.int8_query) {  // q̃, then its int8 rounding (the dequantized values)
+            for (int64_t d = 0; d < D; ++d) qt[size_t(d)] = detail::load_f32(q.data, q.dtype, detail::off4(q, b, h, i, d));
+            in.transform->forward_queries(qt.data(), 1, int(kh));
+            float amax = 0.0f;
+            for (float x : qt) amax = std::max(amax, std::fabs(x));
+            const float sq = amax / 127.0f;
+            for (float& x : qt) x = amax > 0.0f ? std::clamp(std::nearbyint(x * (127.0f / amax)), -127.0f, 127.0f) * sq : 0.0f;
+          }
           double mx = -INFINITY;
           for (int64_t j = 0; j < N; ++j) {
             if (!attn_visible(pos, j, params)) continue;
             double dot = 0;
-            for (int64_t d = 0; d < D; ++d)
-              dot += double(detail::load_f32(q.data, q.dtype, detail::off4(q, b, h, i, d))) * double(K[size_t(j * D + d)]);
+            if (in.int8_query && j < Nc) {
+              for (int64_t d = 0; d < D; ++d) dot += double(qt[size_t(d)]) * double(Kt[size_t(j * D + d)]);
+            } else {
+              for (int64_t d = 0; d < D; ++d)
+                dot += double(detail::load_f32(q.data, q.dtype, detail::off4(q, b, h, i, d))) * double(K[size_t(j * D + d)]);
+            }
             s[size_t(j)] = dot * scale;
             mx = std::max(mx, s[size_t(j)]);
           }

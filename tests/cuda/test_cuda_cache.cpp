@@ -166,7 +166,8 @@ std::string describe(const AttnCase& a) {
 }
 
 /// The oracle's inputs for a CUDA cache with codebook format fmt: the CPU cache's, with the
-/// centroids the kernel holds (E4M3: make_e4m3_codebook's decoded values, kept in kq/vq).
+/// centroids the kernel holds (E4M3: make_e4m3_codebook's decoded values, kept in kq/vq;
+/// int8 keys: make_i8_codebook's decoded keys and the int8-rounded query).
 VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat fmt, ProductQuantizer& kq,
                                       ProductQuantizer& vq) {
   VecInferAttentionInputs in = cpu.attention_inputs();
@@ -176,6 +177,11 @@ VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat
     vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
     in.key_pq = &kq;
     in.value_pq = &vq;
+  } else if (fmt == CodebookFormat::I8) {
+    kq = *in.key_pq;
+    kq.set_codebook(make_i8_codebook(kq.codebook).decoded);
+    in.key_pq = &kq;
+    in.int8_query = true;
   }
   return in;
 }
@@ -207,7 +213,7 @@ double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt
   if (a.mode == CacheMode::Standard) {
     const Tensor kd = cpu.dequantized_keys_f32(), vd = cpu.dequantized_values_f32();
     attention_ref(q.view(), kd.view(), vd.view(), want.view(), p);
-  } else if (fmt == CodebookFormat::E4M3) {
+  } else if (fmt != CodebookFormat::F16) {
     if (vs_f32) {
       Tensor exact = Tensor::empty(q.sizes(), DType::F32);
       vecinfer_attention_ref(cpu.attention_inputs(), q.view(), exact.view(), p);
@@ -275,6 +281,45 @@ TEST(CudaAttention, E4M3CodebooksMatchTheOracleOnTheDecodedCentroids) {
   EXPECT_GT(run, 7);
   std::printf("[cuda attention e4m3] %d cases, worst NMSE %.3g vs the decoded-codebook oracle (bound %.1g), "
               "worst %.3g vs the f32-codebook oracle\n", run, worst, kAttnNmse, worst_f32);
+}
+
+// Int8 keys: key centroids as int8 (scale max|c|/127) scored on int8 tensor cores against q̃
+// rounded to int8 per row. Exact in int32 against the oracle on the same rounded operands
+// (int8_query), so held to kAttnNmse like every fp16 path; against f32 codebooks and the exact
+// query the two roundings (~0.4% of each operand's range) cost NMSE ~1e-4 on these inputs,
+// bounded loosely (5e-3) to catch a wrong scale or a misplaced byte (NMSE ~1).
+TEST(CudaAttention, Int8KeysMatchTheOracleOnTheRoundedQueryAndCentroids) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x1818;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  std::vector<AttnCase> cases;
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  cases.push_back({d4b8, 128, 1, 8, 4, 6000, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});   // splits
+  cases.push_back({dflt, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, CacheMode::MemoryBound, 1});  // splits
+  cases.push_back({d4b8, 64, 3, 2, 8, 700, 2, 32, true, 0, DType::F32, CacheMode::MemoryBound, 1});      // 16 rows
+  cases.push_back({d4b8, 128, 2, 1, 4, 400, 37, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1});    // prefill
+  cases.push_back({dflt, 128, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
+  cases.push_back({d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 3});    // sharp
+  cases.push_back({d4b8, 128, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});   // wide kernel
+  for (const Spec& s : all_specs())
+    for (int D : {64, 128, 256})
+      for (int r = 0; r < 2; ++r) cases.push_back(random_attn_case(s, D, rng));
+  double worst = 0, worst_f32 = 0;
+  int run = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a) + " i8");
+    double vs_f32 = 0;
+    const double e = run_attn_case(a, rng, CodebookFormat::I8, &vs_f32);
+    EXPECT_LE(e, kAttnNmse) << describe(a);
+    EXPECT_LE(vs_f32, 5e-3) << describe(a);
+    worst = std::max(worst, e), worst_f32 = std::max(worst_f32, vs_f32);
+    ++run;
+  }
+  EXPECT_GT(run, 7);
+  std::printf("[cuda attention i8] %d cases, worst NMSE %.3g vs the rounded-operand oracle (bound %.1g), "
+              "worst %.3g vs the f32-codebook exact-query oracle\n", run, worst, kAttnNmse, worst_f32);
 }
 
 TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
@@ -429,7 +474,7 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
   std::mt19937_64 rng(31);
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
     for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash})
-    for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3}) {
+    for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8}) {
       SCOPED_TRACE(s.str() + " " + cache_mode_name(mode) + " " + codebook_format_name(fmt));
       const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 40;
       cudaStream_t stream;

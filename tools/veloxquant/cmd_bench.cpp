@@ -51,8 +51,9 @@ class BenchCommand final : public Command {
     app.add_option("--residual", residual_, "VecInfer fp16 residual window")->capture_default_str();
     app.add_option("--artifact", artifact_, "use layer 0 of this artifact (its keys/values override --keys/--values)");
     app.add_option("--device", device_, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-    app.add_option("--attention-codebooks", codebooks_, "cuda: codebooks the VecInfer attention kernel reads (f16, e4m3)")
-        ->check(CLI::IsMember({"f16", "e4m3"}))
+    app.add_option("--attention-codebooks", codebooks_,
+                   "cuda: codebooks the VecInfer attention kernel reads (f16, e4m3, i8 = int8 keys)")
+        ->check(CLI::IsMember({"f16", "e4m3", "i8"}))
         ->capture_default_str();
     app.add_option("--repeats", repeats_, "timed repetitions (median)")->capture_default_str();
     app.add_option("--threads", threads_, "CPU threads (0: all cores)")->capture_default_str();
@@ -99,7 +100,7 @@ class BenchCommand final : public Command {
     vq.residual_length = residual_;
     vq.n_threads = threads_;
     vq.device = dev;
-    vq.attention_codebooks = codebooks_ == "e4m3" ? CodebookFormat::E4M3 : CodebookFormat::F16;
+    vq.attention_codebooks = parse_codebook_format(codebooks_);
     vq.fused_sdpa_max_ctx = std::max<int64_t>(vq.fused_sdpa_max_ctx, ctx_);
 
     auto fp16 = KVCacheFactory::create(fp);

@@ -55,9 +55,10 @@ inline void add_cache_options(CLI::App* app, CacheArgs& a) {
   app->add_option("--key-spec", a.key_spec, "random codebooks: key sub_dim/bits, e.g. d4b12");
   app->add_option("--value-spec", a.value_spec, "random codebooks: value sub_dim/bits, e.g. d8b8");
   app->add_option("--attention-codebooks", a.attention_codebooks,
-                  "VecInfer on cuda: codebooks the attention kernel reads, f16 or e4m3 (FP8: faster for 12-bit "
-                  "codebooks, about +0.1-0.4% attention error; see docs/cuda-kernels.md)")
-      ->check(CLI::IsMember({"f16", "e4m3"}))
+                  "VecInfer on cuda: codebooks the attention kernel reads: f16, e4m3 (FP8: faster for 12-bit "
+                  "codebooks, about +0.1-0.4% attention error) or i8 (int8 keys on int8 tensor cores, fp16 values); "
+                  "see docs/cuda-kernels.md")
+      ->check(CLI::IsMember({"f16", "e4m3", "i8"}))
       ->capture_default_str();
 }
 
@@ -89,7 +90,7 @@ inline veloxquant::runtime::CacheOptions cache_options(const CacheArgs& a, int t
   o.value_spec = PQSpec::parse(a.value_spec);
   o.seed = a.seed;
   o.n_threads = threads;
-  o.attention_codebooks = a.attention_codebooks == "e4m3" ? CodebookFormat::E4M3 : CodebookFormat::F16;
+  o.attention_codebooks = parse_codebook_format(a.attention_codebooks);
   if (o.kind == CacheKind::VecInfer && a.artifact.empty() && !a.random_codebooks)
     VQ_THROW(ValueError, "--cache vecinfer needs --artifact FILE (from `veloxquant calibrate --model ...`), or "
                          "--random-codebooks for a smoke test");

@@ -1,0 +1,83 @@
+// The int8 key codebooks the CUDA attention kernels read with CodebookFormat::I8, and the
+// format names. Tolerance tier: exact (each byte against an independent nearest-integer search).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "veloxquant/cache.h"
+#include "veloxquant/error.h"
+#include "veloxquant/pq.h"
+
+using namespace veloxquant;
+
+namespace {
+// The nearest integer in [-127, 127] to x by search; ties to the even one.
+int nearest_i8(double x) {
+  int best = -127;
+  for (int k = -126; k <= 127; ++k) {
+    const double d = std::fabs(x - k), bd = std::fabs(x - best);
+    if (d < bd || (d == bd && (k & 1) == 0)) best = k;
+  }
+  return best;
+}
+}  // namespace
+
+TEST(I8Codebook, BytesAreTheNearestStepsOfMaxOver127) {
+  std::mt19937_64 rng(7);
+  std::normal_distribution<float> nd(0.0f, 0.7f);
+  std::vector<float> cb(4096 * 4);
+  for (float& x : cb) x = nd(rng);
+  cb[5] = 0.0f;
+  float mx = 0;
+  for (float x : cb) mx = std::max(mx, std::fabs(x));
+  const float scale = mx / 127.0f;
+  cb[9] = 2.5f * scale;    // a tie: rounds to the even 2
+  cb[10] = -3.5f * scale;  // rounds to -4
+  const I8Codebook q = make_i8_codebook(cb);
+  ASSERT_EQ(q.bytes.size(), cb.size());
+  ASSERT_EQ(q.decoded.size(), cb.size());
+  EXPECT_EQ(q.scale, scale);
+  double err2 = 0, ref2 = 0;
+  bool saw_127 = false;
+  for (size_t i = 0; i < cb.size(); ++i) {
+    EXPECT_EQ(int(q.bytes[i]), nearest_i8(double(cb[i] / q.scale))) << i;
+    EXPECT_EQ(q.decoded[i], float(q.bytes[i]) * q.scale) << i;
+    EXPECT_LE(std::fabs(q.decoded[i] - cb[i]), 0.5f * q.scale * (1 + 1e-5f)) << i;
+    saw_127 |= std::abs(int(q.bytes[i])) == 127;
+    err2 += double(q.decoded[i] - cb[i]) * (q.decoded[i] - cb[i]);
+    ref2 += double(cb[i]) * cb[i];
+  }
+  EXPECT_TRUE(saw_127);  // the largest element maps to ±127
+  EXPECT_EQ(q.bytes[5], 0);
+  EXPECT_EQ(q.bytes[9], 2);
+  EXPECT_EQ(q.bytes[10], -4);
+  // a uniform step of max/127 on Gaussian entries: RMS error well under 1% of the RMS value
+  EXPECT_LT(std::sqrt(err2 / ref2), 0.01);
+}
+
+TEST(I8Codebook, ZeroAndNonFiniteCodebooks) {
+  const I8Codebook z = make_i8_codebook(std::vector<float>(64, 0.0f));
+  EXPECT_EQ(z.scale, 1.0f);
+  for (size_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(z.bytes[i], 0);
+    EXPECT_EQ(z.decoded[i], 0.0f);
+  }
+  std::vector<float> bad(64, 0.5f);
+  bad[7] = std::numeric_limits<float>::infinity();
+  EXPECT_THROW(make_i8_codebook(bad), ValueError);
+}
+
+TEST(CodebookFormat, NamesParseBackAndUnknownNamesAreErrors) {
+  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8})
+    EXPECT_EQ(parse_codebook_format(codebook_format_name(f)), f);
+  EXPECT_STREQ(codebook_format_name(CodebookFormat::I8), "i8");
+  try {
+    parse_codebook_format("int4");
+    FAIL() << "expected ValueError";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'int4'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f16, e4m3, i8"), std::string::npos) << e.what();
+  }
+}
