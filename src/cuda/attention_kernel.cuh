@@ -1158,6 +1158,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       cl[warp * kRows + n * 8 + g] = l[n];
     }
   }
+  // rows past the chunk's live ones (a GQA group of 4 fills half of 8) are neither stored nor combined
+  const int live_rows = min(kRows, rows_total - rchunk * kRows);
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt) {
     const int i = mt / T::kVWps, j = mt % T::kVWps;
@@ -1166,6 +1168,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     for (int n = 0; n < NT; ++n)
 #pragma unroll
       for (int r = 0; r < 2; ++r) {
+        if (n * 8 + 2 * t + r >= live_rows) continue;
         float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
         dst[0] = o[mt][n][r];
         dst[1] = o[mt][n][2 + r];
@@ -1180,7 +1183,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     store_f(p.out, p.out_dtype, b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2] + d * p.out_stride[3],
             v);
   };
-  for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
+  for (int idx = tid; idx < live_rows * D; idx += T::kThreads) {
     const int row = idx / D, d = idx % D;
     float M = -INFINITY;
 #pragma unroll
@@ -1241,9 +1244,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         ltot[row] = lt;
       }
       __syncthreads();
-      for (int idx = tid; idx < kRows * D; idx += T::kThreads) {
+      for (int idx = tid; idx < live_rows * D; idx += T::kThreads) {
         const int row = idx / D, d = idx % D;
-        if (rchunk * kRows + row >= rows_total) continue;
         const float* src = p.ws_o + (int64_t(seg) * S * kRows + row) * D + d;
         float part[32];
 #pragma unroll

@@ -3,7 +3,15 @@
 #include "cuda/attn_configs.h"
 
 namespace veloxquant::cuda {
-VQ_ATTN_REGISTER_T(k4b8_v4b8, 4, 8, 4, 8, 2, 16, 3)
+// fp16 and E4M3 codebooks: warp tiles of 2 k-tiles, 16 warps, 3 ring stages; int8 keys: 4
+// k-tiles, 8 warps, 3 stages (run 22, same run: 39.6 / 66.6 / 237.1 us against 40.9 / 66.6 /
+// 240.5 us with the fp16 shape at 1x131072 / 8x32768 / 64x16384), without the two-blocks kernel
+// below (248.9 us at 64 x 16384 for int8 keys)
+void attn_register_k4b8_v4b8(std::vector<AttnEntry>& out) {
+  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 0)
+  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 1)
+  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 2)
+}
 // Large batches (every (batch, kv head) its own block, two waves of blocks or more): 8 warps
 // and two blocks per multiprocessor, so one block's setup and tail overlap the other's
 // streaming (docs/cuda-notes.md, run 12: 268.7 vs 291.0 us at 64 x 16384, same run).
@@ -18,8 +26,5 @@ void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
   AttnEntry f = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>();  // E4M3 codebooks
   f.wide = 1;
   out.push_back(f);
-  AttnEntry i = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2>();  // int8 keys
-  i.wide = 1;
-  out.push_back(i);
 }
 }  // namespace veloxquant::cuda

@@ -12,11 +12,12 @@ void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>& out) {
   out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 3>());
   out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 2>());
   out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 0>());
-  // E4M3 codebooks: a 16 KB key codebook, so more copies (fewer conflicts) or more stages fit
-  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 4, 1>());
-  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 3, 1>());
-  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 2, 1>());
-  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 0, 1>());
+  // int8 keys (E4M3 variants: run 16, docs/cuda-notes.md): a 16 KB key codebook, so 8 key
+  // copies fit beside 2 or 3 ring stages; or two k-tiles per warp tile
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 2, 2>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 16, 3, 2>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 2, 1, 16, 2, 2>());
+  out.push_back(attn_variant<128, 4, 12, 8, 8, 1, 1, 1, 8, 4, 2>());
 }
 #else
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&) {}

@@ -12,13 +12,12 @@ void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>& out) {
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 0>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 2, 8, 3>());
-  // E4M3 codebooks: half the gather bytes, so the code ring's share of shared memory grows
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 0, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 8, 0, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 1, 16, 3, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 0, 1>());
+  // int8 keys (E4M3 variants: run 16, docs/cuda-notes.md)
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 8, 4, 2>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 1, 16, 3, 2>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2>());
 }
 #else
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&) {}
