@@ -197,3 +197,32 @@ TEST(VecInferAttentionCpu, BadInputsThrowNamingShapes) {
   Tensor4 o96 = make_tensor4({1, 4, 1, 96}, DType::F32, false);
   EXPECT_THROW(vecinfer_attention_cpu(b.in, q96.view, o96.view, SdpaParams{}, nullptr), ShapeError);
 }
+
+// The oracle's int8_query option (the CUDA kernels' CodebookFormat::I8 scoring): coded keys are
+// scored against q̃ rounded to int8 per row, window keys against the exact query. So it moves
+// outputs that see coded keys by about the rounding (small, non-zero) and leaves a window-only
+// history exactly as it was.
+TEST(VecInferAttentionRef, Int8QueryRoundsOnlyTheCodedScores) {
+  for (int64_t n_coded : {int64_t(300), int64_t(0)}) {
+    const VCase c{1, 2, 4, 2, n_coded, 20, 24, 3, 128, {4, 8}, {4, 8}, true, 0, DType::F32, DType::F32, DType::F32, false};
+    SCOPED_TRACE(c.str());
+    std::mt19937_64 rng(77);
+    Built b;
+    build(c, rng, b);
+    Tensor4 q = random_tensor4({c.batch, c.n_kv_heads * c.group, c.q_len, c.head_dim}, c.qt, false, rng);
+    Tensor4 o_exact = make_tensor4(q.view.sizes(), DType::F32, false);
+    Tensor4 o_i8 = make_tensor4(q.view.sizes(), DType::F32, false);
+    vecinfer_attention_ref(b.in, q.view, o_exact.view, {});
+    b.in.int8_query = true;
+    vecinfer_attention_ref(b.in, q.view, o_i8.view, {});
+    const std::vector<float> x = values_of(o_exact.view), y = values_of(o_i8.view);
+    const double e = nmse(y, x);
+    if (getenv("VQ_TEST_VERBOSE")) fprintf(stderr, "int8 query: nmse %.3g vs the exact query\n", e);
+    if (n_coded > 0) {
+      EXPECT_GT(e, 0.0);   // the rounding took place
+      EXPECT_LT(e, 1e-3);  // and is small: half a step of max|q̃|/127 per element
+    } else {
+      EXPECT_EQ(y, x);  // no coded keys: the exact query throughout
+    }
+  }
+}
