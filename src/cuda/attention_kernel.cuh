@@ -840,18 +840,18 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // P·V̂, from the codes in `cur`.
     auto process = [&](const Tile& cur, int base) {
       float s[KT][2][4];
-      if constexpr (T::kI8) {
 #pragma unroll
-        for (int kt = 0; kt < KT; ++kt) {
+      for (int kt = 0; kt < KT; ++kt) {
+        uint32_t a0[T::kKA], a1[T::kKA];  // the key code streams of tokens g and g + 8
+        if constexpr (T::kKAligned) {
+#pragma unroll
+          for (int j = 0; j < T::kKA; ++j) a0[j] = cur.k[kt][0][j], a1[j] = cur.k[kt][1][j];
+        } else {
+          realign(cur.k[kt][0], ksh, a0);
+          realign(cur.k[kt][1], ksh, a1);
+        }
+        if constexpr (T::kI8) {
           int ev[2][4] = {}, od[2][4] = {};
-          uint32_t a0[T::kKA], a1[T::kKA];
-          if constexpr (T::kKAligned) {
-#pragma unroll
-            for (int j = 0; j < T::kKA; ++j) a0[j] = cur.k[kt][0][j], a1[j] = cur.k[kt][1][j];
-          } else {
-            realign(cur.k[kt][0], ksh, a0);
-            realign(cur.k[kt][1], ksh, a1);
-          }
 #pragma unroll
           for (int ks = 0; ks < kKSteps8; ++ks) {
             uint32_t b0[2], b1[2];  // tokens g and g + 8
@@ -880,32 +880,21 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               s[kt][h][3] = float(ev[h][3] + od[h][3]) * qs8[NT - 1];
             }
           }
-        }
-      } else {
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        float s1[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
-        uint32_t a0[T::kKA], a1[T::kKA];
-        if constexpr (T::kKAligned) {
-#pragma unroll
-          for (int j = 0; j < T::kKA; ++j) a0[j] = cur.k[kt][0][j], a1[j] = cur.k[kt][1][j];
         } else {
-          realign(cur.k[kt][0], ksh, a0);
-          realign(cur.k[kt][1], ksh, a1);
-        }
+          float s1[2][4];
 #pragma unroll
-        for (int i = 0; i < T::kKSpt; ++i) {
-          uint32_t e0[KS / 2], e1[KS / 2];
-          lds_centroid<KS, CBF == 1>(k_at(a0, i), e0);
-          lds_centroid<KS, CBF == 1>(k_at(a1, i), e1);
-          score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, true>{}, integral_constant<int, 2>{});
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
+#pragma unroll
+          for (int i = 0; i < T::kKSpt; ++i) {
+            uint32_t e0[KS / 2], e1[KS / 2];
+            lds_centroid<KS, CBF == 1>(k_at(a0, i), e0);
+            lds_centroid<KS, CBF == 1>(k_at(a1, i), e1);
+            score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, true>{}, integral_constant<int, 2>{});
+          }
+          fold(s[kt], s1, integral_constant<bool, true>{});
         }
-        fold(s[kt], s1, integral_constant<bool, true>{});
-      }
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
