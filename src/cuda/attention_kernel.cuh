@@ -30,12 +30,17 @@
 //    l mod R, each copy living in its own bank group, which makes the random gathers
 //    conflict-free when R covers the phase (8-bit codebooks) and spreads them otherwise.
 //    Codebook formats (template CBF = CodebookFormat): 0 fp16; 1 E4M3 (c·s, s a power of two
-//    per codebook): a gather moves half
-//    the bytes (one wavefront per warp for d4 instead of two) and one cvt per two elements
-//    makes the fp16 fragment; q̃ carries 1/s_k, the value accumulators get 1/s_v.
-//  * Codes stream into registers one warp tile (32 tokens) ahead with L1-bypassing loads,
-//    and L2 bulk prefetches (sm_90) run a few block tiles ahead, keeping HBM busy without
-//    spending shared memory on staging.
+//    per codebook): a gather moves half the bytes (one wavefront per warp for d4 instead of
+//    two) and one cvt per two elements makes the fp16 fragment; q̃ carries 1/s_k, the value
+//    accumulators get 1/s_v; 2 int8 keys: the key centroids as int8 and q̃ rounded to int8 per
+//    row, scores on int8 tensor cores (m16n8k32, exact int32) with the gathered int8 centroid
+//    as the B fragment as it lands, then one multiply by s_q·s_k; values stay fp16.
+//  * Codes stream through a per-warp ring of PIPE shared-memory stages filled by cp.async
+//    (PIPE = 0: into registers one warp tile ahead with L1-bypassing loads), and L2 bulk
+//    prefetches (sm_90) run a few block tiles ahead, keeping HBM busy.
+//  * Every shared-memory access pattern is laid out against bank conflicts (codebook copies
+//    rotated per row, padded query segments, a skewed combine stride, swizzled value-code
+//    rows, padded window rows): ncu counts ~2% excess wavefronts (docs/cuda-kernels.md).
 //  * Softmax state and accumulators are fp32 (scores in log2 units, exp2); P goes to fp16
 //    only as an MMA operand.
 #pragma once
