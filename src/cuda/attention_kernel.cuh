@@ -166,12 +166,28 @@ template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
-/// Copies `bytes` (a multiple of 4) from global src to shared dst with the lanes of a warp.
-__device__ __forceinline__ void warp_copy_async(uint32_t dst, const uint8_t* src, int bytes, int lane) {
+struct IdentityOffset {
+  __device__ __forceinline__ int operator()(int x) const { return x; }
+};
+/// Copies `bytes` (a multiple of 4) from global src to shared dst with the lanes of a warp;
+/// byte i lands at dst + at(i), for a layout map `at` that keeps 16-byte pieces whole.
+template <class At = IdentityOffset>
+__device__ __forceinline__ void warp_copy_async(uint32_t dst, const uint8_t* src, int bytes, int lane, At at = {}) {
   if (((reinterpret_cast<uintptr_t>(src) | dst) & 15) == 0) {
-    for (int i = lane * 16; i < bytes; i += 32 * 16) cp_async16(dst + i, src + i);  // may round the tail up
+    for (int i = lane * 16; i < bytes; i += 32 * 16) cp_async16(dst + at(i), src + i);  // may round the tail up
   } else {
-    for (int i = lane * 4; i < bytes; i += 32 * 4) cp_async4(dst + i, src + i);
+    for (int i = lane * 4; i < bytes; i += 32 * 4) cp_async4(dst + at(i), src + i);
+  }
+}
+
+/// N 32-bit words from 16-byte aligned shared memory, as N/4 16-byte loads.
+template <int N>
+__device__ __forceinline__ void lds_words16(const unsigned char* src, uint32_t* w) {
+  static_assert(N % 4 == 0, "whole 16-byte words");
+#pragma unroll
+  for (int u = 0; u < N / 4; ++u) {
+    const uint4 v = reinterpret_cast<const uint4*>(src)[u];
+    w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
   }
 }
 
@@ -318,9 +334,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB + T::kQ8Bytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
-  // element d of query row r in a segmented query buffer
-  auto q_elem = [](unsigned char* buf, int r, int d) -> __half* {
-    return reinterpret_cast<__half*>(buf + r * T::kQRowB + (d / (D / 4)) * T::kQSegB + (d % (D / 4)) * 2);
+  // byte offset of element d (of E bytes) of row r in a segmented query buffer: quarter d/(D/4)
+  // of the row is its segment (fp16: T::kQRowB/kQSegB; int8: kQ8RowB/kQ8SegB)
+  auto q_seg_off = [](int row_b, int seg_b, int elem_b, int r, int d) {
+    return r * row_b + (d / (D / 4)) * seg_b + (d % (D / 4)) * elem_b;
+  };
+  auto q_elem = [&](unsigned char* buf, int r, int d) -> __half* {
+    return reinterpret_cast<__half*>(buf + q_seg_off(T::kQRowB, T::kQSegB, 2, r, d));
   };
   const int split = blockIdx.x, S = p.n_splits;
   // diagnosis (bench --profile): clock64 at the phase boundaries, globaltimer at entry and exit
@@ -466,17 +486,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
             cp_async16(st + 16 * KT * T::kKRow + T::vswz(o + lane * 16), vs_ + o + lane * 16);
       } else {
         warp_copy_async(st, ks_, ntok * T::kKRow, lane);
-        const uint32_t vst = st + 16 * KT * T::kKRow;
-        if constexpr (T::kVSwz) {  // the value rows' swizzle (rows are 32 bytes: 16- and 4-byte pieces stay whole)
-          const int bytes = ntok * T::kVRow;
-          if ((reinterpret_cast<uintptr_t>(vs_) & 15) == 0) {
-            for (int i = lane * 16; i < bytes; i += 32 * 16) cp_async16(vst + T::vswz(i), vs_ + i);
-          } else {
-            for (int i = lane * 4; i < bytes; i += 32 * 4) cp_async4(vst + T::vswz(i), vs_ + i);
-          }
-        } else {
-          warp_copy_async(vst, vs_, ntok * T::kVRow, lane);
-        }
+        // the value rows' swizzle (32-byte rows: 16- and 4-byte pieces stay whole)
+        warp_copy_async(st + 16 * KT * T::kKRow, vs_, ntok * T::kVRow, lane, [](int x) { return T::vswz(x); });
       }
     }
     cp_async_commit();
@@ -536,7 +547,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           for (int j = 0; j < kQE; ++j) {
             const int d = lane * kQE + j;
             const int v = max(-127, min(127, __float2int_rn(y[j] * qscale * inv)));
-            reinterpret_cast<int8_t*>(sQ8 + r * T::kQ8RowB + (d / (D / 4)) * T::kQ8SegB)[d % (D / 4)] = int8_t(v);
+            sQ8[q_seg_off(T::kQ8RowB, T::kQ8SegB, 1, r, d)] = static_cast<unsigned char>(int8_t(v));
           }
           if (lane == 0) sQs[r] = mx * (1.0f / 127.0f) * p.k_cb_qmul;
         }
@@ -592,18 +603,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // Lane (g, t) takes quarter t of row g (and of row g + 8 with two row tiles): its segment,
   // read as 16-byte words, holds every element its A fragments need.
   auto load_qa = [&](const unsigned char* src) {
-    constexpr int kU = D / 32;  // 16-byte words per segment
-    uint32_t w0[4 * kU], w1[NT == 2 ? 4 * kU : 1];
-    auto seg = [&](int r, uint32_t* w) {
-      const uint4* s4 = reinterpret_cast<const uint4*>(src + r * T::kQRowB + t * T::kQSegB);
-#pragma unroll
-      for (int u = 0; u < kU; ++u) {
-        const uint4 v = s4[u];
-        w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
-      }
-    };
-    seg(g, w0);
-    if constexpr (NT == 2) seg(8 + g, w1);
+    constexpr int kW = D / 8;  // 32-bit words per segment (D/4 fp16)
+    uint32_t w0[kW], w1[NT == 2 ? kW : 1];
+    lds_words16<kW>(src + g * T::kQRowB + t * T::kQSegB, w0);
+    if constexpr (NT == 2) lds_words16<kW>(src + (8 + g) * T::kQRowB + t * T::kQSegB, w1);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
       const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
@@ -628,19 +631,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   [[maybe_unused]] float qs8[NT];  // score scale of rows g (and g + 8)
   auto load_qa8 = [&]() {
     if constexpr (T::kI8) {
-      constexpr int kW = D / 16;  // 32-bit words per int8 segment
+      constexpr int kW = D / 16;  // 32-bit words per segment (D/4 int8)
       uint32_t w0[kW], w1[NT == 2 ? kW : 1];
-      auto seg = [&](int r, uint32_t* w) {
-        const uint4* s4 = reinterpret_cast<const uint4*>(sQ8 + r * T::kQ8RowB + t * T::kQ8SegB);
-#pragma unroll
-        for (int u = 0; u < kW / 4; ++u) {
-          const uint4 v = s4[u];
-          w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
-        }
-      };
-      seg(g, w0);
+      lds_words16<kW>(sQ8 + g * T::kQ8RowB + t * T::kQ8SegB, w0);
       qs8[0] = sQs[g];
-      if constexpr (NT == 2) seg(8 + g, w1), qs8[1] = sQs[8 + g];
+      if constexpr (NT == 2) lds_words16<kW>(sQ8 + (8 + g) * T::kQ8RowB + t * T::kQ8SegB, w1), qs8[1] = sQs[8 + g];
 #pragma unroll
       for (int ks = 0; ks < kKSteps8; ++ks) {
         if constexpr (NT == 2) {
