@@ -84,10 +84,10 @@ float median(std::vector<float> v) {
 
 struct Spec {
   int ks, kb, vs, vb;
-  int fmt = 0;  ///< CodebookFormat: 0 fp16, 1 E4M3 codebooks, 2 int8 keys
+  int fmt = 0;  ///< CodebookFormat: 0 fp16, 1 E4M3 codebooks, 2 int8 keys, 3 int8 keys and values
   std::string str() const {
     return "d" + std::to_string(ks) + "b" + std::to_string(kb) + "/d" + std::to_string(vs) + "b" + std::to_string(vb) +
-           (fmt == 1 ? "+e4m3" : fmt == 2 ? "+i8" : "");
+           (fmt == 1 ? "+e4m3" : fmt == 2 ? "+i8" : fmt == 3 ? "+i8kv" : "");
   }
 };
 
@@ -290,13 +290,10 @@ int main(int argc, char** argv) {
     const size_t x = shape_arg.find('x');
     shapes = {{std::atoi(shape_arg.substr(0, x).c_str()), std::atoi(shape_arg.substr(x + 1).c_str())}};
   }
-  // each configuration with fp16 codebooks, E4M3 codebooks and int8 keys
+  // each configuration with fp16 codebooks, E4M3 codebooks, int8 keys, int8 keys and values
   std::vector<Spec> specs;
-  for (const Spec& s : std::vector<Spec>{{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}, {8, 8, 8, 8}}) {
-    specs.push_back(s);
-    specs.push_back({s.ks, s.kb, s.vs, s.vb, 1});
-    specs.push_back({s.ks, s.kb, s.vs, s.vb, 2});
-  }
+  for (const Spec& s : std::vector<Spec>{{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}, {8, 8, 8, 8}})
+    for (int f = 0; f < 4; ++f) specs.push_back({s.ks, s.kb, s.vs, s.vb, f});
   std::vector<Row> rows;
   std::mt19937_64 rng(1234);
   int dev = 0;
@@ -337,15 +334,21 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(bf.kcb, kbits.data(), kbits.size() * 2, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(bf.vcb, vbits.data(), vbits.size() * 2, cudaMemcpyHostToDevice));
     const E4M3Codebook k8 = make_e4m3_codebook(kcb), v8 = make_e4m3_codebook(vcb);
-    const I8Codebook ki = make_i8_codebook(kcb);
+    const I8Codebook ki = make_i8_codebook(kcb), vi = make_i8_codebook(vcb);
     if (s.fmt == 1) {
       CK(cudaMalloc(&bf.kcb8, k8.bytes.size()));
       CK(cudaMalloc(&bf.vcb8, v8.bytes.size()));
       CK(cudaMemcpy(bf.kcb8, k8.bytes.data(), k8.bytes.size(), cudaMemcpyHostToDevice));
       CK(cudaMemcpy(bf.vcb8, v8.bytes.data(), v8.bytes.size(), cudaMemcpyHostToDevice));
-    } else if (s.fmt == 2) {
+    } else if (s.fmt >= 2) {
       CK(cudaMalloc(&bf.kcb8, ki.bytes.size()));
       CK(cudaMemcpy(bf.kcb8, ki.bytes.data(), ki.bytes.size(), cudaMemcpyHostToDevice));
+      if (s.fmt == 3) {  // values in offset binary (int8 + 128), as the CUDA cache uploads them
+        std::vector<uint8_t> vb(vi.bytes.size());
+        for (size_t i = 0; i < vb.size(); ++i) vb[i] = uint8_t(int(vi.bytes[i]) + 128);
+        CK(cudaMalloc(&bf.vcb8, vb.size()));
+        CK(cudaMemcpy(bf.vcb8, vb.data(), vb.size(), cudaMemcpyHostToDevice));
+      }
     }
     CK(cudaMalloc(&bf.len, B * 4));
     CK(cudaMalloc(&bf.rc, B * 4));
@@ -384,9 +387,10 @@ int main(int argc, char** argv) {
       p.v_cb8 = bf.vcb8;
       p.k_cb_qmul = 1.0f / k8.scale;
       p.v_cb_omul = 1.0f / v8.scale;
-    } else if (s.fmt == 2) {
+    } else if (s.fmt >= 2) {
       p.k_cb8 = bf.kcb8;
       p.k_cb_qmul = ki.scale;
+      if (s.fmt == 3) p.v_cb8 = bf.vcb8, p.v_cb_omul = vi.scale;
     }
     p.use_hadamard = 1;
     p.hadamard_scale = float(1.0 / std::sqrt(double(kD)));
@@ -416,8 +420,9 @@ int main(int argc, char** argv) {
     for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}}) {
       // E4M3 / int8 rows: the oracle on the centroids (and int8 query) the kernel computes
       // with, and (reported) the one on the f32 codebooks and exact query
-      const std::vector<float>& kc = s.fmt == 1 ? k8.decoded : s.fmt == 2 ? ki.decoded : kcb;
-      worst = std::max(worst, validate_segment(bf, p, s, kc, s.fmt == 1 ? v8.decoded : vcb, b, h, fp, s.fmt == 2));
+      const std::vector<float>& kc = s.fmt == 1 ? k8.decoded : s.fmt >= 2 ? ki.decoded : kcb;
+      const std::vector<float>& vc = s.fmt == 1 ? v8.decoded : s.fmt == 3 ? vi.decoded : vcb;
+      worst = std::max(worst, validate_segment(bf, p, s, kc, vc, b, h, fp, s.fmt >= 2));
       if (s.fmt) worst_f32 = std::max(worst_f32, validate_segment(bf, p, s, kcb, vcb, b, h, fp));
     }
     const bool ok = worst <= 2e-4;
@@ -648,7 +653,7 @@ int main(int argc, char** argv) {
     }
 
   // ---- one decode step through the cache API, captured in a graph --------------------------
-  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8}) {
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
     if (skip_step) break;
     double step_us = 0;
     KVCacheConfig c;

@@ -1,6 +1,6 @@
 // codebook_format_error — what the CUDA attention kernel's codebook precision costs in
 // attention-output error, on the demo's model-like synthetic KV. The figures in
-// docs/cuda-kernels.md ("E4M3 codebooks", "Int8 keys") come from this program. A measurement script, not
+// docs/cuda-kernels.md ("E4M3 codebooks", "Int8 keys", "Int8 keys and values") come from this program. A measurement script, not
 // part of the build or of CI. Build it against a CPU build:
 //
 //   cmake --build build --target veloxquant -j2
@@ -13,7 +13,8 @@
 // attention on the codes (vecinfer_attention_ref, double) with the centroids as the kernel
 // holds them: f32 (the CPU caches), fp16 (CodebookFormat::F16), E4M3 (CodebookFormat::E4M3,
 // make_e4m3_codebook's decoded values) and int8 keys (CodebookFormat::I8: make_i8_codebook's
-// decoded keys scored against the int8-rounded query, fp16 values) → the demo's attention-output error against exact
+// decoded keys scored against the int8-rounded query, fp16 values), int8 keys and values
+// (CodebookFormat::I8KV: the same, with make_i8_codebook's decoded values) → the demo's attention-output error against exact
 // attention on the original K/V (evaluate.h: mean over rows of ||o − o_ref|| / ||o_ref||).
 #include <cmath>
 #include <cstdio>
@@ -44,8 +45,8 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> seeds;
   for (int i = 1; i < argc; ++i) seeds.push_back(std::strtoull(argv[i], nullptr, 10));
   if (seeds.empty()) seeds.push_back(0);
-  std::printf("%-5s %-12s %10s %10s %10s %10s %12s %12s\n", "seed", "keys/values", "f32", "fp16", "e4m3", "i8",
-              "e4m3 vs f32", "i8 vs f32");
+  std::printf("%-5s %-12s %10s %10s %10s %10s %10s %12s %12s %12s\n", "seed", "keys/values", "f32", "fp16", "e4m3",
+              "i8", "i8kv", "e4m3 vs f32", "i8 vs f32", "i8kv vs f32");
   for (uint64_t seed : seeds) {
     SyntheticKVConfig cfg;  // the demo's model: 4 layers, 32/8 heads, head_dim 128
     cfg.n_layers = 4;
@@ -69,13 +70,13 @@ int main(int argc, char** argv) {
       base.fused_sdpa = true;
       base.fused_sdpa_memory_bound = true;
       base.residual_length = 128;
-      double err[4] = {0, 0, 0, 0};
+      double err[5] = {0, 0, 0, 0, 0};
       for (int l = 0; l < cfg.n_layers; ++l) {
         auto cache = create_cache_from_artifact(art, l, base);
         cache->update(kv_as_cache_layout(eval.kv.keys[size_t(l)]), kv_as_cache_layout(eval.kv.values[size_t(l)]));
         const auto* vc = dynamic_cast<const VecInferKVCache*>(cache.get());
         const TensorView q = queries_as_cache_layout(eval.queries[size_t(l)]);
-        for (int f = 0; f < 4; ++f) {
+        for (int f = 0; f < 5; ++f) {
           VecInferAttentionInputs in = vc->attention_inputs();
           ProductQuantizer kq = *in.key_pq, vq = *in.value_pq;
           if (f == 1) {
@@ -84,9 +85,9 @@ int main(int argc, char** argv) {
           } else if (f == 2) {
             kq.set_codebook(make_e4m3_codebook(kq.codebook).decoded);
             vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
-          } else if (f == 3) {
+          } else if (f >= 3) {
             kq.set_codebook(make_i8_codebook(kq.codebook).decoded);
-            vq.set_codebook(rounded_f16(vq.codebook));
+            vq.set_codebook(f == 3 ? rounded_f16(vq.codebook) : make_i8_codebook(vq.codebook).decoded);
             in.int8_query = true;
           }
           in.key_pq = &kq;
@@ -96,8 +97,9 @@ int main(int argc, char** argv) {
           err[f] += attention_relative_error(o.view(), ref[size_t(l)].view()) / cfg.n_layers;
         }
       }
-      std::printf("%-5llu %-12s %10.5f %10.5f %10.5f %10.5f %+11.2f%% %+11.2f%%\n", (unsigned long long)seed, spec,
-                  err[0], err[1], err[2], err[3], 100.0 * (err[2] / err[0] - 1.0), 100.0 * (err[3] / err[0] - 1.0));
+      std::printf("%-5llu %-12s %10.5f %10.5f %10.5f %10.5f %10.5f %+11.2f%% %+11.2f%% %+11.2f%%\n",
+                  (unsigned long long)seed, spec, err[0], err[1], err[2], err[3], err[4], 100.0 * (err[2] / err[0] - 1.0),
+                  100.0 * (err[3] / err[0] - 1.0), 100.0 * (err[4] / err[0] - 1.0));
       std::fflush(stdout);
     }
   }

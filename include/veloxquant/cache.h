@@ -51,9 +51,13 @@ enum class CacheKind { FP16, VecInfer };
 ///    tensor cores against the transformed query rounded to int8 per row (max |q̃| / 127); values
 ///    stay fp16. A key gather moves half the bytes and needs no conversion. Its attention error
 ///    is measured in docs/cuda-kernels.md ("Int8 keys").
-enum class CodebookFormat { F16, E4M3, I8 };
-const char* codebook_format_name(CodebookFormat f);  ///< "f16", "e4m3", "i8"
-/// The format named "f16", "e4m3" or "i8"; ValueError naming the choices otherwise.
+///  * I8KV: keys as I8, and the value centroids as int8 with one scale per codebook too
+///    (max |c| / 127), widened exactly to fp16 in registers for the value MMAs (probabilities
+///    stay fp16): a value gather moves half the bytes as well. docs/cuda-kernels.md ("Int8
+///    keys and values").
+enum class CodebookFormat { F16, E4M3, I8, I8KV };
+const char* codebook_format_name(CodebookFormat f);  ///< "f16", "e4m3", "i8", "i8kv"
+/// The format named "f16", "e4m3", "i8" or "i8kv"; ValueError naming the choices otherwise.
 CodebookFormat parse_codebook_format(const std::string& name);
 
 /// Configuration with the original's fields. Defaults follow the original / the paper.

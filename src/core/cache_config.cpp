@@ -22,14 +22,15 @@ const char* codebook_format_name(CodebookFormat f) {
     case CodebookFormat::F16: return "f16";
     case CodebookFormat::E4M3: return "e4m3";
     case CodebookFormat::I8: return "i8";
+    case CodebookFormat::I8KV: return "i8kv";
   }
   return "?";
 }
 
 CodebookFormat parse_codebook_format(const std::string& name) {
-  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8})
+  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV})
     if (name == codebook_format_name(f)) return f;
-  VQ_THROW(ValueError, "codebook format '" << name << "' is not one of f16, e4m3, i8");
+  VQ_THROW(ValueError, "codebook format '" << name << "' is not one of f16, e4m3, i8, i8kv");
 }
 
 CacheMode KVCacheConfig::mode() const {

@@ -80,7 +80,7 @@ int device_sms(int dev) {
 std::string key_str(const AttnConfigKey& k) {
   std::ostringstream os;
   os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-     << k.head_dim << "x" << 8 * k.n_tiles << (k.cb_fmt == 1 ? " (e4m3 codebooks)" : k.cb_fmt == 2 ? " (int8 keys)" : "");
+     << k.head_dim << "x" << 8 * k.n_tiles << (k.cb_fmt == 1 ? " (e4m3 codebooks)" : k.cb_fmt == 2 ? " (int8 keys)" : k.cb_fmt == 3 ? " (int8 keys and values)" : "");
   return os.str();
 }
 
@@ -126,7 +126,7 @@ const char* attn_compiled_list() {
       AttnConfigKey k = e.key;
       std::ostringstream os;
       os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-         << k.head_dim << (k.cb_fmt == 1 ? "+e4m3" : k.cb_fmt == 2 ? "+i8" : "");
+         << k.head_dim << (k.cb_fmt == 1 ? "+e4m3" : k.cb_fmt == 2 ? "+i8" : k.cb_fmt == 3 ? "+i8kv" : "");
       names.insert(os.str());
     }
     std::string out;

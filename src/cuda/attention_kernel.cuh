@@ -99,10 +99,11 @@ struct AttnTraits {
   static_assert(kKSpt * 4 == kKSubs && kVSpt * 8 == kVSubs, "sub-vectors must split over lanes");
   // codebooks in shared memory, replicated over bank groups: CBF 0 fp16 keys and values, 1 E4M3
   // keys and values, 2 int8 keys (scored on int8 tensor cores against an int8 query) + fp16 values
-  static_assert(CBF == 0 || CBF == 1 || CBF == 2, "CBF: 0 = fp16, 1 = E4M3, 2 = int8 keys + fp16 values");
-  static constexpr bool kI8 = CBF == 2;
+  static_assert(CBF >= 0 && CBF <= 3, "CBF: 0 = fp16, 1 = E4M3, 2 = int8 keys + fp16 values, 3 = int8 keys and values");
+  static constexpr bool kI8 = CBF == 2 || CBF == 3;  // int8 key centroids, int8 query, int8 score MMAs
+  static constexpr bool kV8 = CBF == 3;              // int8 value centroids (offset binary), fp16 value MMAs
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
-  static constexpr int kEK = KS * (CBF == 0 ? 2 : 1), kEV = VS * (CBF == 1 ? 1 : 2);  // bytes per entry
+  static constexpr int kEK = KS * (CBF == 0 ? 2 : 1), kEV = VS * (CBF == 1 || CBF == 3 ? 1 : 2);  // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
   // code rows as laid out by the caches (pq.h packing, padded to 4 bytes)
   static constexpr int kKRow = ((D / KS * KB + 7) / 8 + 3) / 4 * 4, kVRow = ((D / VS * VB + 7) / 8 + 3) / 4 * 4;
@@ -366,7 +367,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   constexpr int kKPer = (T::kNK + T::kThreads - 1) / T::kThreads, kVPer = (T::kNV + T::kThreads - 1) / T::kThreads;
   uint32_t kreg[kKPer][T::kEK / 4], vreg[kVPer][T::kEV / 4];
   const unsigned char* const kcb = CBF ? p.k_cb8 : reinterpret_cast<const unsigned char*>(p.k_cb16);
-  const unsigned char* const vcb = CBF == 1 ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
+  const unsigned char* const vcb = (CBF == 1 || CBF == 3) ? p.v_cb8 : reinterpret_cast<const unsigned char*>(p.v_cb16);
   // entry c of a codebook (n entries of E bytes) for c = tid, tid + threads, ... (clamped)
   auto load_entries = [&](auto& regs, const unsigned char* cb, auto n_tag, auto entry_tag) {
     constexpr int N = decltype(n_tag)::value, E = decltype(entry_tag)::value;
@@ -650,8 +651,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   };
   // m, l: running max and sum of this lane's score rows n·8 + g (equal across the quad).
   float m[NT], l[NT], o[T::kMT][NT][4];
+  // int8 values: a value element enters the MMA as the fp16 1024 + u (u = x + 128, the offset-
+  // binary byte: one PRMT puts it under fp16's exponent byte 0x64, exact), so O accumulates
+  // Σ p·(x + 1152); o1 accumulates Σ p with the same fp16 P on the same tensor cores (an all-
+  // ones A operand) and the coded part becomes (O − 1152·o1)·s_v after the loop.
+  [[maybe_unused]] float o1[T::kV8 ? NT : 1][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f;
+  if constexpr (T::kV8)
+#pragma unroll
+    for (int n = 0; n < NT; ++n) o1[n][0] = o1[n][1] = o1[n][2] = o1[n][3] = 0.0f;
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
@@ -771,6 +780,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           o[mt][n][0] *= s0, o[mt][n][1] *= s1;
           o[mt][n][2] *= s0, o[mt][n][3] *= s1;
         }
+        if constexpr (T::kV8) o1[n][0] *= s0, o1[n][1] *= s1, o1[n][2] *= s0, o1[n][3] *= s1;
       }
     }
     uint32_t bp[KT][NT][2];
@@ -788,15 +798,32 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
+      if constexpr (T::kV8) {
+        constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
+#pragma unroll
+        for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
+      }
 #pragma unroll
       for (int i = 0; i < T::kVSpt; ++i) {
+        // fp16: a token's centroid as kVWps words; int8: as VS/4 words of offset-binary bytes
         uint32_t vw[4][T::kVWps];
         vwords(kt, i, vw);
 #pragma unroll
         for (int j = 0; j < T::kVWps; ++j) {
           const int mt = i * T::kVWps + j;
-          const uint32_t a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
-          const uint32_t a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
+          uint32_t a0, a1, a2, a3;
+          if constexpr (T::kV8) {
+            // dims 2j, 2j + 1 are bytes 2(j & 1), +1 of word j / 2: interleave the two tokens'
+            // bytes, then set each byte under the exponent byte 0x64 (fp16 1024 + u)
+            constexpr uint32_t kExp = 0x64646464u;
+            const uint32_t sel = (j & 1) ? 0x7362u : 0x5140u;
+            const uint32_t y01 = prmt(vw[0][j >> 1], vw[1][j >> 1], sel), y23 = prmt(vw[2][j >> 1], vw[3][j >> 1], sel);
+            a0 = prmt(y01, kExp, 0x4140u), a1 = prmt(y01, kExp, 0x4342u);
+            a2 = prmt(y23, kExp, 0x4140u), a3 = prmt(y23, kExp, 0x4342u);
+          } else {
+            a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
+            a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
+          }
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[kt][n][0], bp[kt][n][1]);
         }
@@ -908,7 +935,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
             realign(cur.v[kt][q], vsh, a);
           }
-          lds_centroid<VS, CBF == 1>(v_at(a, i), vw[q]);
+          if constexpr (T::kV8) {
+            if constexpr (VS == 4) asm("ld.shared.u32 %0, [%1];" : "=r"(vw[q][0]) : "r"(v_at(a, i)));
+            else asm("ld.shared.v2.u32 {%0, %1}, [%2];" : "=r"(vw[q][0]), "=r"(vw[q][1]) : "r"(v_at(a, i)));
+          } else {
+            lds_centroid<VS, CBF == 1>(v_at(a, i), vw[q]);
+          }
         }
       });
     };
@@ -992,6 +1024,15 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         for (int n = 0; n < NT; ++n)
 #pragma unroll
           for (int e = 0; e < 4; ++e) o[mt][n][e] *= p.v_cb_omul;
+    }
+    // int8 values: remove the offset 1152 per unit of probability, then the codebook scale
+    if constexpr (T::kV8) {
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][n][e] = fmaf(-1152.0f, o1[n][e], o[mt][n][e]) * p.v_cb_omul;
     }
   }
 

@@ -20,7 +20,8 @@
 // fastest on the H200 (KT k-tiles per warp tile, W warps, PIPE cp.async stages: docs/cuda-notes.md);
 // two row tiles and head_dim 256 keep 8 warps with register double buffering (they need the
 // registers a 16-warp block cannot give). Every configuration comes with fp16 codebooks (F = 0),
-// E4M3 codebooks (F = 1, CodebookFormat::E4M3) and int8 keys (F = 2, CodebookFormat::I8).
+// E4M3 codebooks (F = 1, CodebookFormat::E4M3), int8 keys (F = 2, CodebookFormat::I8) and int8
+// keys and values (F = 3, CodebookFormat::I8KV).
 #define VQ_ATTN_ENTRIES_F(KS, KB, VS, VB, KT1, W1, P1, F)                       \
   out.push_back(attn_entry<128, KS, KB, VS, VB, 1, KT1, 1, W1, P1, F>());       \
   out.push_back(attn_entry<128, KS, KB, VS, VB, 2, 2, 1, 8, 0, F>());           \
@@ -32,5 +33,6 @@
     VQ_ATTN_ENTRIES_F(KS, KB, VS, VB, KT1, W1, P1, 0)           \
     VQ_ATTN_ENTRIES_F(KS, KB, VS, VB, KT1, W1, P1, 1)           \
     VQ_ATTN_ENTRIES_F(KS, KB, VS, VB, KT1, W1, P1, 2)           \
+    VQ_ATTN_ENTRIES_F(KS, KB, VS, VB, KT1, W1, P1, 3)           \
   }
 #define VQ_ATTN_REGISTER(name, KS, KB, VS, VB) VQ_ATTN_REGISTER_T(name, KS, KB, VS, VB, 1, 16, 4)

@@ -11,6 +11,7 @@ void attn_register_k4b8_v4b8(std::vector<AttnEntry>& out) {
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 0)
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 1)
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 2)
+  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 3)  // int8 keys and values: the int8-key shape
 }
 // Large batches (every (batch, kv head) its own block, two waves of blocks or more): 8 warps
 // and two blocks per multiprocessor, so one block's setup and tail overlap the other's

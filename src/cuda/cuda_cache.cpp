@@ -1004,6 +1004,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       << nbytes() << " bytes";
     if (cb_fmt() == 1) o << "; fused_sdpa reads e4m3 codebooks";
     if (cb_fmt() == 2) o << "; fused_sdpa scores int8 keys";
+    if (cb_fmt() == 3) o << "; fused_sdpa scores int8 keys and reads int8 values";
     if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
     return o.str();
   }
@@ -1035,7 +1036,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     p.code_cap = capacity_;
     p.k_row_stride = int(k_rs_);
     p.v_row_stride = int(v_rs_);
-    if (cb_fmt() == 1) {
+    if (cb_fmt() == 1 || cb_fmt() == 3) {
       p.k_cb8 = k_cb8_.ptr<uint8_t>();
       p.v_cb8 = v_cb8_.ptr<uint8_t>();
       p.k_cb_qmul = k_cb_qmul_;
@@ -1123,13 +1124,23 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       v_cb8_ = upload_u8(ve.bytes, {vp.n_centroids, vp.sub_dim}, device_);
       k_cb_qmul_ = 1.0f / ke.scale, v_cb_omul_ = 1.0f / ve.scale;  // powers of two: exact
       cb_fmt_ = 1;
-    } else if (mode_ != CacheMode::Standard && c.attention_codebooks == CodebookFormat::I8) {
+    } else if (mode_ != CacheMode::Standard &&
+               (c.attention_codebooks == CodebookFormat::I8 || c.attention_codebooks == CodebookFormat::I8KV)) {
       const I8Codebook ki = make_i8_codebook(kp.codebook);
       const std::vector<uint8_t> kb(ki.bytes.begin(), ki.bytes.end());  // the int8 bytes as stored
       k_cb8_ = upload_u8(kb, {kp.n_centroids, kp.sub_dim}, device_);
-      v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
       k_cb_qmul_ = ki.scale;
-      cb_fmt_ = 2;
+      if (c.attention_codebooks == CodebookFormat::I8KV) {
+        const I8Codebook vi = make_i8_codebook(vp.codebook);
+        std::vector<uint8_t> vb(vi.bytes.size());  // offset binary: int8 + 128
+        for (size_t i = 0; i < vb.size(); ++i) vb[i] = uint8_t(int(vi.bytes[i]) + 128);
+        v_cb8_ = upload_u8(vb, {vp.n_centroids, vp.sub_dim}, device_);
+        v_cb_omul_ = vi.scale;
+        cb_fmt_ = 3;
+      } else {
+        v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
+        cb_fmt_ = 2;
+      }
     } else if (mode_ != CacheMode::Standard) {
       k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
       v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);

@@ -49,9 +49,11 @@ struct AttnParams {
   /// E4M3 codebooks (kernels with cb_fmt 1): round_e4m3(c · s) for a power-of-two s per
   /// codebook; the kernel multiplies q̃ by k_cb_qmul = 1/s_k and the coded part of the value
   /// accumulators by v_cb_omul = 1/s_v. Int8 keys (cb_fmt 2): k_cb8 holds int8 bytes
-  /// round(c / s_k) and k_cb_qmul = s_k (a centroid is byte · s_k); values in v_cb16.
+  /// round(c / s_k) and k_cb_qmul = s_k (a centroid is byte · s_k); values in v_cb16. Int8
+  /// keys and values (cb_fmt 3): keys as for cb_fmt 2; v_cb8 holds the value centroids'
+  /// int8 round(c / s_v) as offset-binary bytes (int8 + 128) and v_cb_omul = s_v.
   const uint8_t* k_cb8 = nullptr;  ///< E4M3 or int8 [2^key_bits, key_sub_dim]
-  const uint8_t* v_cb8 = nullptr;  ///< E4M3 [2^value_bits, value_sub_dim]
+  const uint8_t* v_cb8 = nullptr;  ///< E4M3 or offset-binary int8 [2^value_bits, value_sub_dim]
   float k_cb_qmul = 1.0f, v_cb_omul = 1.0f;
   const float* lambda = nullptr;     ///< [n_kv_heads, head_dim] or null (identity)
   int use_hadamard = 1;
@@ -94,7 +96,7 @@ constexpr int kAttnProfSlots = 10;
 /// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
 struct AttnConfigKey {
   int head_dim, key_sub_dim, key_bits, value_sub_dim, value_bits, n_tiles;
-  int cb_fmt = 0;  ///< CodebookFormat: 0 fp16 (k_cb16/v_cb16), 1 E4M3 (k_cb8/v_cb8), 2 int8 keys (k_cb8) + fp16 values (v_cb16)
+  int cb_fmt = 0;  ///< CodebookFormat: 0 fp16 (k_cb16/v_cb16), 1 E4M3 (k_cb8/v_cb8), 2 int8 keys (k_cb8) + fp16 values (v_cb16), 3 int8 keys and values (k_cb8/v_cb8)
 };
 
 /// Whether this build holds a kernel for the configuration.

@@ -167,7 +167,8 @@ std::string describe(const AttnCase& a) {
 
 /// The oracle's inputs for a CUDA cache with codebook format fmt: the CPU cache's, with the
 /// centroids the kernel holds (E4M3: make_e4m3_codebook's decoded values, kept in kq/vq;
-/// int8 keys: make_i8_codebook's decoded keys and the int8-rounded query).
+/// int8 keys: make_i8_codebook's decoded keys and the int8-rounded query; int8 keys and values:
+/// also make_i8_codebook's decoded values).
 VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat fmt, ProductQuantizer& kq,
                                       ProductQuantizer& vq) {
   VecInferAttentionInputs in = cpu.attention_inputs();
@@ -177,11 +178,16 @@ VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat
     vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
     in.key_pq = &kq;
     in.value_pq = &vq;
-  } else if (fmt == CodebookFormat::I8) {
+  } else if (fmt == CodebookFormat::I8 || fmt == CodebookFormat::I8KV) {
     kq = *in.key_pq;
     kq.set_codebook(make_i8_codebook(kq.codebook).decoded);
     in.key_pq = &kq;
     in.int8_query = true;
+    if (fmt == CodebookFormat::I8KV) {
+      vq = *in.value_pq;
+      vq.set_codebook(make_i8_codebook(vq.codebook).decoded);
+      in.value_pq = &vq;
+    }
   }
   return in;
 }
@@ -297,6 +303,16 @@ TEST(CudaAttention, E4M3CodebooksMatchTheOracleOnTheDecodedCentroids) {
 TEST(CudaAttention, Int8KeysMatchTheOracleOnTheRoundedQueryAndCentroids) {
   VQ_SKIP_WITHOUT_GPU();
   EXPECT_GT(run_format_cases(CodebookFormat::I8, 0x1818, 5e-3), 7);
+}
+
+// Int8 keys and values: values as int8 centroids (scale max|c|/127) in offset binary, widened
+// exactly to fp16 (1024 + byte) for the value MMAs, the offset removed after the loop with the
+// probability sums the same MMAs produce. Against the oracle on the decoded int8 centroids and
+// the rounded query: held to kAttnNmse (an offset not removed exactly would show as a bias of
+// 1152 per unit of probability, NMSE far above 1); against f32 codebooks loosely, as for int8 keys.
+TEST(CudaAttention, Int8KeysAndValuesMatchTheOracleOnTheRoundedOperands) {
+  VQ_SKIP_WITHOUT_GPU();
+  EXPECT_GT(run_format_cases(CodebookFormat::I8KV, 0x18C8, 5e-3), 7);
 }
 
 TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
@@ -451,7 +467,7 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
   std::mt19937_64 rng(31);
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
     for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash})
-    for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8}) {
+    for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
       SCOPED_TRACE(s.str() + " " + cache_mode_name(mode) + " " + codebook_format_name(fmt));
       const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 40;
       cudaStream_t stream;

@@ -70,14 +70,15 @@ TEST(I8Codebook, ZeroAndNonFiniteCodebooks) {
 }
 
 TEST(CodebookFormat, NamesParseBackAndUnknownNamesAreErrors) {
-  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8})
+  for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV})
     EXPECT_EQ(parse_codebook_format(codebook_format_name(f)), f);
   EXPECT_STREQ(codebook_format_name(CodebookFormat::I8), "i8");
+  EXPECT_STREQ(codebook_format_name(CodebookFormat::I8KV), "i8kv");
   try {
     parse_codebook_format("int4");
     FAIL() << "expected ValueError";
   } catch (const ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("'int4'"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("f16, e4m3, i8"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("f16, e4m3, i8, i8kv"), std::string::npos) << e.what();
   }
 }
