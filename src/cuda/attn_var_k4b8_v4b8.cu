@@ -21,7 +21,6 @@ void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>& out) {
   // int8 keys and values
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 3>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 3>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 4, 3>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3>());
 }
 #else
