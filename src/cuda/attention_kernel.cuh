@@ -746,7 +746,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // only then (always on a row's first visible tile) is the exact row max reduced across the
   // quad and O, l rescaled. The common path has no shuffle at all: the probabilities of row g,
   // tokens 2t, 2t + 1 are exactly the B fragment the value MMA wants.
-  auto softmax_pv = [&](float (&s)[KT][2][4], auto&& vwords) {
+  // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
+  // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format).
+  auto softmax_pv = [&](float (&s)[KT][2][4], auto vals8_tag, auto&& vwords) {
+    constexpr bool kVals8 = decltype(vals8_tag)::value;
     constexpr float kLazy = 8.0f;
     bool need = false;
     float lm[NT];
@@ -798,7 +801,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      if constexpr (T::kV8) {
+      if constexpr (kVals8) {
         constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
 #pragma unroll
         for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
@@ -812,7 +815,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         for (int j = 0; j < T::kVWps; ++j) {
           const int mt = i * T::kVWps + j;
           uint32_t a0, a1, a2, a3;
-          if constexpr (T::kV8) {
+          if constexpr (kVals8) {
             // dims 2j, 2j + 1 are bytes 2(j & 1), +1 of word j / 2: interleave the two tokens'
             // bytes, then set each byte under the exponent byte 0x64 (fp16 1024 + u)
             constexpr uint32_t kExp = 0x64646464u;
@@ -925,7 +928,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
-      softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+      softmax_pv(s, integral_constant<bool, T::kV8>{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           uint32_t a[T::kVA];
@@ -1120,7 +1123,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               for (int e = 0; e < 2 * NT; ++e) s[0][h][e] = s0[h][e];
           }
           mask_scores(s, base, base + n);
-          softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+          softmax_pv(s, std::false_type{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
             const int d0 = (g * T::kVSpt + i) * VS;
 #pragma unroll
             for (int q = 0; q < 4; ++q) row_words(wv, kt * 16 + vtok(q), d0, vw[q]);
@@ -1153,7 +1156,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         fold(s[kt], s1, integral_constant<bool, false>{});
       }
       mask_scores(s, base, w1);
-      softmax_pv(s, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+      softmax_pv(s, std::false_type{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
         const int d0 = (g * T::kVSpt + i) * VS;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
