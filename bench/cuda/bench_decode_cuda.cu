@@ -344,8 +344,7 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&bf.kcb8, ki.bytes.size()));
       CK(cudaMemcpy(bf.kcb8, ki.bytes.data(), ki.bytes.size(), cudaMemcpyHostToDevice));
       if (s.fmt == 3) {  // values in offset binary (int8 + 128), as the CUDA cache uploads them
-        std::vector<uint8_t> vb(vi.bytes.size());
-        for (size_t i = 0; i < vb.size(); ++i) vb[i] = uint8_t(int(vi.bytes[i]) + 128);
+        const std::vector<uint8_t> vb = i8_offset_binary(vi);
         CK(cudaMalloc(&bf.vcb8, vb.size()));
         CK(cudaMemcpy(bf.vcb8, vb.data(), vb.size(), cudaMemcpyHostToDevice));
       }

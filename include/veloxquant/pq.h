@@ -101,6 +101,9 @@ struct I8Codebook {
 };
 /// ValueError if the codebook holds a non-finite value.
 I8Codebook make_i8_codebook(const std::vector<float>& codebook);
+/// The bytes in offset binary (byte + 128, 1..255): the layout the CUDA attention kernel reads
+/// int8 value centroids in (CodebookFormat::I8KV widens u to the fp16 1024 + u exactly).
+std::vector<uint8_t> i8_offset_binary(const I8Codebook& cb);
 
 // Scalar oracles (src/ref/pq_ref.cpp): plain loops, never tuned.
 void pq_encode_ref(const ProductQuantizer& pq, const float* x, int64_t n, uint8_t* codes);

@@ -268,4 +268,10 @@ I8Codebook make_i8_codebook(const std::vector<float>& codebook) {
   return r;
 }
 
+std::vector<uint8_t> i8_offset_binary(const I8Codebook& cb) {
+  std::vector<uint8_t> u(cb.bytes.size());
+  for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<uint8_t>(int(cb.bytes[i]) + 128);
+  return u;
+}
+
 }  // namespace veloxquant

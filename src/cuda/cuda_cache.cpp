@@ -1132,9 +1132,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       k_cb_qmul_ = ki.scale;
       if (c.attention_codebooks == CodebookFormat::I8KV) {
         const I8Codebook vi = make_i8_codebook(vp.codebook);
-        std::vector<uint8_t> vb(vi.bytes.size());  // offset binary: int8 + 128
-        for (size_t i = 0; i < vb.size(); ++i) vb[i] = uint8_t(int(vi.bytes[i]) + 128);
-        v_cb8_ = upload_u8(vb, {vp.n_centroids, vp.sub_dim}, device_);
+        v_cb8_ = upload_u8(i8_offset_binary(vi), {vp.n_centroids, vp.sub_dim}, device_);
         v_cb_omul_ = vi.scale;
         cb_fmt_ = 3;
       } else {

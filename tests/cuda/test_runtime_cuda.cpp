@@ -6,12 +6,17 @@
 //
 // Tolerance tiers (bounded; max over rows of max|Δlogit| / max|logit| of the row, as the CPU
 // reference test measures):
-//   kMaxRelF32 = 1e-4     f32 weights on the device, CPU caches on both sides: the same f32
+//   kMaxRelF32 = 5e-4     f32 weights on the device, CPU caches on both sides: the same f32
 //                         maths in a different summation order (cuBLAS, CUBLAS_COMPUTE_32F, no
 //                         TF32). f32 rounding over sums of ≤ 384 terms through 2 layers stays
-//                         near 1e-6; 1e-4 leaves two orders for accumulation-order noise and
-//                         still catches any wrong op (a wrong RoPE angle, a missing bias or
-//                         norm moves logits by > 1e-2).
+//                         near 1e-6, but the fp16 caches round K/V, and an element within an
+//                         f32 ulp of an fp16 rounding boundary lands one fp16 unit (2^-11
+//                         relative) apart on the two sides. How many do depends on the CPU
+//                         build: on the H200 machine tiny-qwen3 (q/k norms) measured 2.7e-5
+//                         with the default -march=native build (FMA contraction, as on the
+//                         device) and 1.9e-4 with VQ_NATIVE=OFF (no FMA; run 29). 5e-4 holds
+//                         both and still catches any wrong op (a wrong RoPE angle, a missing
+//                         bias or norm moves logits by > 1e-2).
 //   kMaxRelVsHfFp16 = 2e-3  against the committed transformers logits, with the fp16 cache:
 //                         the bound tests/runtime uses for the CPU path with the same cache.
 //   kMaxRelHalf(dtype)    weights kept in bf16/f16: activations are rounded to the weights'
@@ -57,7 +62,7 @@ using vqtest::ErrStats;
 
 namespace {
 
-constexpr double kMaxRelF32 = 1e-4;
+constexpr double kMaxRelF32 = 5e-4;
 constexpr double kMaxRelVsHfFp16 = 2e-3;
 constexpr double kMaxRelDeviceCache = 1e-2;
 constexpr double kMaxRelVecInferDevice = 5e-2;

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "veloxquant/cache.h"
+#include "veloxquant/dtype.h"
 #include "veloxquant/error.h"
 #include "veloxquant/pq.h"
 
@@ -67,6 +68,26 @@ TEST(I8Codebook, ZeroAndNonFiniteCodebooks) {
   std::vector<float> bad(64, 0.5f);
   bad[7] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(make_i8_codebook(bad), ValueError);
+}
+
+// CodebookFormat::I8KV's layout: the kernel puts byte u under fp16's exponent byte 0x64 (the
+// fp16 1024 + u) and removes 1152 = 1024 + 128 per unit of probability, so u must be byte + 128
+// and 0x6400 | u must decode to exactly 1024 + u for every byte the codebook can hold.
+TEST(I8Codebook, OffsetBinaryBytesWidenExactlyToFp16) {
+  std::vector<float> cb(256 * 4);
+  for (size_t i = 0; i < cb.size(); ++i) cb[i] = float(int(i % 255) - 127) * 0.01f;  // every byte -127..127
+  const I8Codebook q = make_i8_codebook(cb);
+  const std::vector<uint8_t> u = i8_offset_binary(q);
+  ASSERT_EQ(u.size(), q.bytes.size());
+  bool saw_min = false, saw_max = false;
+  for (size_t i = 0; i < u.size(); ++i) {
+    EXPECT_EQ(int(u[i]), int(q.bytes[i]) + 128) << i;
+    const float widened = half_to_float(uint16_t(0x6400u | u[i]));
+    EXPECT_EQ(widened, 1024.0f + float(u[i])) << i;
+    EXPECT_EQ((widened - 1152.0f) * q.scale, q.decoded[i]) << i;
+    saw_min |= u[i] == 1, saw_max |= u[i] == 255;
+  }
+  EXPECT_TRUE(saw_min && saw_max);  // ±127 map to 1 and 255: no byte collides with 0
 }
 
 TEST(CodebookFormat, NamesParseBackAndUnknownNamesAreErrors) {
