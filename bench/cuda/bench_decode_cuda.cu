@@ -229,7 +229,8 @@ int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
   int window_weight = 0;  // 0: the library default
-  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false;
+  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
+       value_gathers = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -242,6 +243,7 @@ int main(int argc, char** argv) {
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
+    else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
@@ -405,6 +407,7 @@ int main(int argc, char** argv) {
     p.causal = 1;
     p.n_splits = S;
     p.window_staged = window_regs ? 0 : 1;
+    p.value_ldsm = value_gathers ? 0 : 1;
     if (window_weight > 0) p.window_weight = window_weight;
     p.n_row_chunks = 1;
     p.rows_per_chunk = 8;

@@ -114,6 +114,16 @@ struct AttnTraits {
   // T + 4 (128 bytes apart) would meet in the same banks; rows with bit 2 set swap with their
   // neighbour (T ^ 1) inside the stage, which puts the four rows of a read in four bank groups.
   static constexpr bool kVSwz = kVRow == 32;
+  // d8 values with fp16 centroids (CBF 0 and 2): a value centroid is one 16-byte row of an 8×8
+  // fp16 matrix, so `ldmatrix.x4.trans` turns 32 gathered centroids (16 tokens × 2 sub-vectors)
+  // straight into one A fragment of V̂ᵀ (rows = the two centroids' dims, k = tokens): one
+  // instruction per m-tile instead of 4 gathers and 16 byte permutes per sub-vector pair. Lane
+  // l supplies the address of token 8·(l >> 4) + (l & 7), sub-vector 2·mt + ((l >> 3) & 1), so
+  // each lane holds one token's whole value code row (kVRowW words). Row g / g + 8 of m-tile
+  // mt is then dim 16·mt + g / 16·mt + 8 + g (the "ldmatrix mapping"; the gather path's rows
+  // are spread over the lanes' sub-vectors). AttnParams::value_ldsm = 0 keeps the gathers (A/B).
+  static constexpr bool kLdsmV = VS == 8 && (CBF == 0 || CBF == 2);
+  static constexpr int kVRowW = kVRow / 4;
   static __device__ __forceinline__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
   // Query buffers (fp16 q̃ and raw q): row r's quarter u, the D/4 elements lane (g, t) = (r, u)
@@ -191,6 +201,23 @@ __device__ __forceinline__ void lds_words16(const unsigned char* src, uint32_t* 
     w[4 * u] = v.x, w[4 * u + 1] = v.y, w[4 * u + 2] = v.z, w[4 * u + 3] = v.w;
   }
 }
+
+/// Four 8×8 fp16 matrices from shared memory, transposed (ldmatrix .trans): lanes 8j..8j+7
+/// give the 16-byte rows of matrix j; r[j] of lane (g, t) = rows 2t, 2t + 1 of column g. Only
+/// for data that stays put once written (the codebooks): the asm does not clobber memory.
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t (&r)[4]) {
+  asm("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
+      : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+      : "r"(addr));
+}
+/// An 8×8 fp16 matrix held as (row g, columns 2t, 2t + 1) per lane, transposed in registers.
+__device__ __forceinline__ uint32_t movm_trans(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
+}
+/// softmax_pv's tag for value operands handed over as ready A fragments (the ldmatrix mapping).
+struct VFragTag : std::false_type {};
 
 __device__ __forceinline__ float ex2(float x) {
   float y;
@@ -684,6 +711,29 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   };
   // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
   auto vtok = [&](int q) -> int { return 2 * t + (q & 1) + 8 * (q >> 1); };
+  // The ldmatrix mapping of the values (T::kLdsmV; the fp16 cache's launches keep the gathers'
+  // mapping, their rows stream from global memory): lane l's token in a k-tile and the parity
+  // of its sub-vectors. Block-uniform, so the combine below knows which mapping O is in.
+  const bool nm = T::kLdsmV && p.value_ldsm && !p.win_all;
+  const int lv_tok = 8 * (lane >> 4) + (lane & 7), lv_b = (lane >> 3) & 1;
+  // shared addresses of the centroids this lane feeds to ldmatrix for each m-tile: code
+  // 2·mt + lv_b of its token's value code row w
+  auto v_addrs_ldsm = [&](const uint32_t (&w)[T::kVRowW], uint32_t (&ad)[T::kMT]) {
+    if constexpr (VB == 8) {
+      const uint32_t b0 = uint32_t(lv_b), b1 = uint32_t(2 + lv_b);
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt) {
+        const uint32_t byte = (mt & 1) ? b1 : b0;
+        if constexpr (T::kPrmt) ad[mt] = __byte_perm(w[mt >> 1], v_base, 0x7604u | (byte << 4));
+        else ad[mt] = v_addr(__byte_perm(w[mt >> 1], 0u, 0x4440u | byte));
+      }
+    } else {
+      uint32_t a[T::kVRowW];
+      realign(w, lv_b * VB, a);
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt) ad[mt] = v_addr(code_at<VB>(a, 2 * mt));
+    }
+  };
 
   // Score MMAs of sub-vector i for token groups h < kGroups (B fragments e[h], one centroid
   // each): even k-steps accumulate into `even`, odd ones into `odd` with one row tile (they
@@ -741,7 +791,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
   // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format).
   auto softmax_pv = [&](float (&s)[KT][2][4], auto vals8_tag, auto&& vwords) {
-    constexpr bool kVals8 = decltype(vals8_tag)::value;
+    constexpr bool kFrag = std::is_same_v<std::decay_t<decltype(vals8_tag)>, VFragTag>;
+    constexpr bool kVals8 = !kFrag && decltype(vals8_tag)::value;
     constexpr float kLazy = 8.0f;
     bool need = false;
     float lm[NT];
@@ -802,34 +853,44 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int n = 0; n < NT; ++n) o1[n][0] = o1[n][1] = o1[n][2] = o1[n][3] = 0.0f;
 #pragma unroll
     for (int kt = 0; kt < KT; ++kt) {
-      if constexpr (kVals8) {
-        constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
+      if constexpr (kFrag) {  // vwords(kt, mt, a): m-tile mt's A fragment in the ldmatrix mapping
 #pragma unroll
-        for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
-      }
+        for (int mt = 0; mt < T::kMT; ++mt) {
+          uint32_t a[4];
+          vwords(kt, mt, a);
 #pragma unroll
-      for (int i = 0; i < T::kVSpt; ++i) {
-        // fp16: a token's centroid as kVWps words; int8: as VS/4 words of offset-binary bytes
-        uint32_t vw[4][T::kVWps];
-        vwords(kt, i, vw);
+          for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a[0], a[1], a[2], a[3], bp[kt][n][0], bp[kt][n][1]);
+        }
+      } else {
+        if constexpr (kVals8) {
+          constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
 #pragma unroll
-        for (int j = 0; j < T::kVWps; ++j) {
-          const int mt = i * T::kVWps + j;
-          uint32_t a0, a1, a2, a3;
-          if constexpr (kVals8) {
-            // dims 2j, 2j + 1 are bytes 2(j & 1), +1 of word j / 2: interleave the two tokens'
-            // bytes, then set each byte under the exponent byte 0x64 (fp16 1024 + u)
-            constexpr uint32_t kExp = 0x64646464u;
-            const uint32_t sel = (j & 1) ? 0x7362u : 0x5140u;
-            const uint32_t y01 = prmt(vw[0][j >> 1], vw[1][j >> 1], sel), y23 = prmt(vw[2][j >> 1], vw[3][j >> 1], sel);
-            a0 = prmt(y01, kExp, 0x4140u), a1 = prmt(y01, kExp, 0x4342u);
-            a2 = prmt(y23, kExp, 0x4140u), a3 = prmt(y23, kExp, 0x4342u);
-          } else {
-            a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
-            a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
+          for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
+        }
+#pragma unroll
+        for (int i = 0; i < T::kVSpt; ++i) {
+          // fp16: a token's centroid as kVWps words; int8: as VS/4 words of offset-binary bytes
+          uint32_t vw[4][T::kVWps];
+          vwords(kt, i, vw);
+#pragma unroll
+          for (int j = 0; j < T::kVWps; ++j) {
+            const int mt = i * T::kVWps + j;
+            uint32_t a0, a1, a2, a3;
+            if constexpr (kVals8) {
+              // dims 2j, 2j + 1 are bytes 2(j & 1), +1 of word j / 2: interleave the two tokens'
+              // bytes, then set each byte under the exponent byte 0x64 (fp16 1024 + u)
+              constexpr uint32_t kExp = 0x64646464u;
+              const uint32_t sel = (j & 1) ? 0x7362u : 0x5140u;
+              const uint32_t y01 = prmt(vw[0][j >> 1], vw[1][j >> 1], sel), y23 = prmt(vw[2][j >> 1], vw[3][j >> 1], sel);
+              a0 = prmt(y01, kExp, 0x4140u), a1 = prmt(y01, kExp, 0x4342u);
+              a2 = prmt(y23, kExp, 0x4140u), a3 = prmt(y23, kExp, 0x4342u);
+            } else {
+              a0 = prmt(vw[0][j], vw[1][j], 0x5410u), a1 = prmt(vw[0][j], vw[1][j], 0x7632u);
+              a2 = prmt(vw[2][j], vw[3][j], 0x5410u), a3 = prmt(vw[2][j], vw[3][j], 0x7632u);
+            }
+#pragma unroll
+            for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[kt][n][0], bp[kt][n][1]);
           }
-#pragma unroll
-          for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[kt][n][0], bp[kt][n][1]);
         }
       }
     }
@@ -849,10 +910,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     const int kw0 = (t * T::kKBits) >> 5, ksh = (t * T::kKBits) & 31;
     const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
     const int krs = p.k_row_stride, vrs = p.v_row_stride;
-    struct Tile {  // k: tokens g, g + 8 of each k-tile; v: tokens vtok(0..3)
+    struct Tile {  // k: tokens g, g + 8 of each k-tile; v: tokens vtok(0..3); vr: token lv_tok (nm)
       uint32_t k[KT][2][T::kKW];
       uint32_t v[KT][4][T::kVW];
+      uint32_t vr[KT][T::kVRowW];
     };
+    // the coded tokens' loop, in the gathers' value mapping or (kNM) the ldmatrix mapping
+    auto coded = [&](auto nm_tag) {
+    constexpr bool kNM = decltype(nm_tag)::value;
     auto load_tile = [&](Tile& tl, int base) {
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
@@ -864,13 +929,21 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int w = 0; w < T::kKW; ++w) tl.k[kt][j][w] = 0;
         }
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int tok = base + kt * 16 + vtok(q);
-          if (tok < c1) load_words<T::kVW>(vcodes + int64_t(tok) * vrs + 4 * vw0, tl.v[kt][q]);
+        if constexpr (kNM) {
+          const int tok = base + kt * 16 + lv_tok;
+          if (tok < c1) load_words<T::kVRowW>(vcodes + int64_t(tok) * vrs, tl.vr[kt]);
           else
 #pragma unroll
-            for (int w = 0; w < T::kVW; ++w) tl.v[kt][q][w] = 0;
+            for (int w = 0; w < T::kVRowW; ++w) tl.vr[kt][w] = 0;
+        } else {
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int tok = base + kt * 16 + vtok(q);
+            if (tok < c1) load_words<T::kVW>(vcodes + int64_t(tok) * vrs + 4 * vw0, tl.v[kt][q]);
+            else
+#pragma unroll
+              for (int w = 0; w < T::kVW; ++w) tl.v[kt][q][w] = 0;
+          }
         }
       }
     };
@@ -936,6 +1009,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
       if (!full) mask_scores(s, base, c1);
+      if constexpr (kNM) {
+        uint32_t vad[KT][T::kMT];
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt) v_addrs_ldsm(cur.vr[kt], vad[kt]);
+        softmax_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) { ldsm_x4_trans(vad[kt][mt], a); });
+        return;
+      }
       softmax_pv(s, integral_constant<bool, T::kV8>{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
@@ -1001,12 +1081,28 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               for (int x = 0; x < T::kKW; ++x) tl.k[kt][jj][x] = w[x];
             }
           }
+          if constexpr (kNM) {  // the whole row of token lv_tok
+            const unsigned char* r = st + 16 * KT * T::kKRow + T::vswz((kt * 16 + lv_tok) * T::kVRow);
+            if constexpr (T::kVRow % 16 == 0) {
+              lds_words16<T::kVRowW>(r, tl.vr[kt]);
+            } else if constexpr (T::kVRow % 8 == 0) {
 #pragma unroll
-          for (int q = 0; q < 4; ++q) {
-            const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
-                                                                  T::vswz((kt * 16 + vtok(q)) * T::kVRow)) + vw0;
+              for (int x = 0; x < T::kVRowW; x += 2) {
+                const uint2 v = reinterpret_cast<const uint2*>(r)[x / 2];
+                tl.vr[kt][x] = v.x, tl.vr[kt][x + 1] = v.y;
+              }
+            } else {
 #pragma unroll
-            for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
+              for (int x = 0; x < T::kVRowW; ++x) tl.vr[kt][x] = reinterpret_cast<const uint32_t*>(r)[x];
+            }
+          } else {
+#pragma unroll
+            for (int q = 0; q < 4; ++q) {
+              const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
+                                                                    T::vswz((kt * 16 + vtok(q)) * T::kVRow)) + vw0;
+#pragma unroll
+              for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
+            }
           }
         }
       };
@@ -1025,6 +1121,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         __syncwarp();  // every lane is done with stage j % PIPE before it is refilled
       }
       cp_async_wait<0>();
+    }
+    };
+    if constexpr (T::kLdsmV) {
+      if (nm) coded(std::true_type{});
+      else coded(std::false_type{});
+    } else {
+      coded(std::false_type{});
     }
     // E4M3 value centroids are stored times v_cb_scale: undo it before the exact window
     // tokens add to the same accumulators (a power of two: exact in fp32)
@@ -1068,7 +1171,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
     constexpr int kWT = kWTRaw;
     if constexpr (kWT > 0) {
-      if (!p.win_all && p.window_staged) {
+      // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
+      // and no d8-value kernel has a ring large enough to stage the window anyway)
+      if (!p.win_all && p.window_staged && !(T::kLdsmV && nm)) {
         unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
         unsigned char* const wv = wk + kWT * kRowP;
         const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowP;
@@ -1164,14 +1269,37 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         fold(s[kt], s1, integral_constant<bool, false>{});
       }
       mask_scores(s, base, w1);
-      softmax_pv(s, std::false_type{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+      auto gathers = [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
         const int d0 = (g * T::kVSpt + i) * VS;
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           const int pos = base + kt * 16 + vtok(q);
           ldg_row<2 * VS, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
         }
-      });
+      };
+      bool frag = false;
+      if constexpr (T::kLdsmV) {
+        frag = nm;
+        if (frag) {
+          // the ldmatrix mapping from global rows: lane (g, t) loads dims 2t, 2t + 1 of both
+          // centroids of m-tile mt for tokens g and g + 8 (four 8×8 matrices in the row layout),
+          // and movmatrix transposes each into its A-fragment register
+          softmax_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) {
+            const int p0 = base + kt * 16 + g, p1 = p0 + 8;
+            const uint16_t* r0 = vwin + slot(min(p0, w1 - 1)) * D + 16 * mt + 2 * t;
+            const uint16_t* r1 = vwin + slot(min(p1, w1 - 1)) * D + 16 * mt + 2 * t;
+            uint32_t x[4] = {__ldg(reinterpret_cast<const uint32_t*>(r0)), __ldg(reinterpret_cast<const uint32_t*>(r0 + 8)),
+                             __ldg(reinterpret_cast<const uint32_t*>(r1)), __ldg(reinterpret_cast<const uint32_t*>(r1 + 8))};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
+              x[j] = ((j < 2 ? p0 : p1) < w1) ? x[j] : 0u;
+              a[j] = movm_trans(x[j]);
+            }
+          });
+        }
+      }
+      if (!frag) softmax_pv(s, std::false_type{}, gathers);
     }
   };
   if (w1 > w0) {
@@ -1224,8 +1352,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     store_f(p.out, p.out_dtype, b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2] + d * p.out_stride[3],
             v);
   };
+  // O's column of dim d: the gathers' mapping stored m-tile mt's rows g, g + 8 at columns
+  // dlo, dlo + 1 (above); in the ldmatrix mapping those rows are dims 16·mt + g, 16·mt + 8 + g,
+  // stored at the same columns (the same conflict-free store pattern)
+  auto o_col = [&](int d) -> int {
+    if (!(T::kLdsmV && nm)) return d;
+    const int mt = d >> 4, half = (d >> 3) & 1, gg = d & 7;
+    return (gg * T::kVSpt + mt / T::kVWps) * VS + 2 * (mt % T::kVWps) + half;
+  };
   for (int idx = tid; idx < live_rows * D; idx += T::kThreads) {
-    const int row = idx / D, d = idx % D;
+    const int row = idx / D, d = idx % D, dc = o_col(d);
     float M = -INFINITY;
 #pragma unroll
     for (int w = 0; w < T::kWarps; ++w) M = fmaxf(M, cm[w * kRows + row]);
@@ -1234,7 +1370,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
     for (int w = 0; w < T::kWarps; ++w) {
       const float f = ex2(cm[w * kRows + row] - Mu);
-      acc += co[(w * kRows + row) * T::kCoStride + T::co_col(d)] * f;
+      acc += co[(w * kRows + row) * T::kCoStride + T::co_col(dc)] * f;
       lsum += cl[w * kRows + row] * f;
     }
     if (S == 1) {

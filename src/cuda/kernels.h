@@ -90,6 +90,7 @@ struct AttnParams {
   /// the phases (see vq_attn_kernel); null in every library call.
   unsigned long long* prof = nullptr;
   int window_staged = 1;  ///< 1: residual window rows staged through shared memory (0: register loads; A/B tests)
+  int value_ldsm = 1;     ///< 1: d8 fp16 value centroids into MMA fragments by ldmatrix.trans (0: per-lane gathers; A/B tests)
 };
 constexpr int kAttnProfSlots = 10;
 

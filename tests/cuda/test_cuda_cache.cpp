@@ -157,11 +157,17 @@ struct AttnCase {
   float scale;
 };
 
+/// The cache's storage dtype: a bf16 model keeps a bf16 cache, so cases with bf16 queries hold
+/// their exact window (and Stash rows) in bf16 — the kernels' bf16 window paths (gathers, the
+/// d8 values' movmatrix path) run in every test that draws such a case.
+DType case_storage(const AttnCase& a) { return a.qdt == DType::BF16 ? DType::BF16 : DType::F16; }
+
 std::string describe(const AttnCase& a) {
   std::ostringstream o;
   o << a.spec.str() << " D=" << a.D << " B=" << a.B << " Hkv=" << a.H << " G=" << a.G << " prefix=" << a.prefix
     << " q_len=" << a.q_len << " R=" << a.R << " causal=" << a.causal << " window=" << a.window
-    << " q=" << dtype_name(a.qdt) << " mode=" << cache_mode_name(a.mode) << " kscale=" << a.scale;
+    << " q=" << dtype_name(a.qdt) << " store=" << dtype_name(case_storage(a)) << " mode=" << cache_mode_name(a.mode)
+    << " kscale=" << a.scale;
   return o.str();
 }
 
@@ -200,6 +206,7 @@ double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt
                      double* vs_f32 = nullptr) {
   KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
   c.attention_codebooks = fmt;
+  c.storage_dtype = case_storage(a);
   VecInferKVCache cpu(c);
   auto gpu = make_cuda(c);
   auto feed = [&](int64_t n) {
@@ -266,7 +273,7 @@ int run_format_cases(CodebookFormat fmt, uint64_t seed, double f32_bound) {
     for (int D : {64, 128, 256})
       for (int r = 0; r < 2; ++r) cases.push_back(random_attn_case(s, D, rng));
   double worst = 0, worst_f32 = 0;
-  int run = 0;
+  int run = 0, run_bf16 = 0;
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
     SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
@@ -276,10 +283,11 @@ int run_format_cases(CodebookFormat fmt, uint64_t seed, double f32_bound) {
     EXPECT_LE(vs_f32, f32_bound) << describe(a);
     worst = std::max(worst, e), worst_f32 = std::max(worst_f32, vs_f32);
     ++run;
+    run_bf16 += case_storage(a) == DType::BF16;
   }
-  std::printf("[cuda attention %s] %d cases, worst NMSE %.3g vs the oracle on the kernel's operands (bound %.1g), "
-              "worst %.3g vs the f32-codebook exact-query oracle (bound %.1g)\n",
-              codebook_format_name(fmt), run, worst, kAttnNmse, worst_f32, f32_bound);
+  std::printf("[cuda attention %s] %d cases (%d with a bf16 cache), worst NMSE %.3g vs the oracle on the kernel's "
+              "operands (bound %.1g), worst %.3g vs the f32-codebook exact-query oracle (bound %.1g)\n",
+              codebook_format_name(fmt), run, run_bf16, worst, kAttnNmse, worst_f32, f32_bound);
   return run;
 }
 
@@ -346,14 +354,17 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
         cases.push_back(random_attn_case(s, D, rng));
       }
   double worst = 0;
+  int run_bf16 = 0;
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
     SCOPED_TRACE(describe(a));
     const double e = run_attn_case(a, rng);
     EXPECT_LE(e, kAttnNmse) << describe(a);
     worst = std::max(worst, e);
+    run_bf16 += case_storage(a) == DType::BF16;
   }
-  std::printf("[cuda attention] %zu cases, worst NMSE %.3g (bound %.1g)\n", cases.size(), worst, kAttnNmse);
+  std::printf("[cuda attention] %zu cases (%d with a bf16 cache), worst NMSE %.3g (bound %.1g)\n", cases.size(),
+              run_bf16, worst, kAttnNmse);
 }
 
 // ------------------------------------------------------------------------------------------
