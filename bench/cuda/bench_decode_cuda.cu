@@ -655,14 +655,24 @@ int main(int argc, char** argv) {
     }
 
   // ---- one decode step through the cache API, captured in a graph --------------------------
-  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
+  // d4b8/d4b8 in every codebook format, and the defaults d4b12/d8b8 (their 4096-entry key
+  // codebook makes the new token's encode a visible part of the step)
+  struct StepCase {
+    Spec s;
+    CodebookFormat fmt;
+  };
+  const std::vector<StepCase> step_cases = {{{4, 8, 4, 8}, CodebookFormat::F16},   {{4, 8, 4, 8}, CodebookFormat::E4M3},
+                                            {{4, 8, 4, 8}, CodebookFormat::I8},    {{4, 8, 4, 8}, CodebookFormat::I8KV},
+                                            {{4, 12, 8, 8}, CodebookFormat::F16}, {{4, 12, 8, 8}, CodebookFormat::I8}};
+  for (const StepCase& sc : step_cases) {
     if (skip_step) break;
+    const CodebookFormat fmt = sc.fmt;
     double step_us = 0;
     KVCacheConfig c;
     c.attention_codebooks = fmt;
     c.kind = CacheKind::VecInfer;
     c.head_dim = kD;
-    c.key_sub_dim = 4, c.key_codebook_bits = 8, c.value_sub_dim = 4, c.value_codebook_bits = 8;
+    c.key_sub_dim = sc.s.ks, c.key_codebook_bits = sc.s.kb, c.value_sub_dim = sc.s.vs, c.value_codebook_bits = sc.s.vb;
     c.fused_sdpa = true, c.fused_sdpa_memory_bound = true;
     c.residual_length = kR;
     c.n_kv_heads = kKV;
@@ -712,9 +722,10 @@ int main(int argc, char** argv) {
                   (long long)(acc->fp16_key_bytes() + acc->fp16_value_bytes()), (long long)acc->codebook_bytes(),
                   100.0 * (double(cache->nbytes()) / ideal - 1.0));
     }
-    std::printf("\ndecode step (graph: encode 1 token + attention, d4b8/d4b8, %s codebooks, 1 x %d): %.1f us, %lld "
+    std::printf("\ndecode step (graph: encode 1 token + attention, d%db%d/d%db%d, %s codebooks, 1 x %d): %.1f us, %lld "
                 "tokens held, overflow=%d\n",
-                codebook_format_name(fmt), L, step_us, (long long)cache->offset(), int(cc->device_error()));
+                sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us, (long long)cache->offset(),
+                int(cc->device_error()));
     cudaGraphExecDestroy(ge);
     cudaGraphDestroy(g);
   }

@@ -165,18 +165,6 @@ struct AttnTraits {
   static_assert(!kPrmt || kQBytes <= 0xFC00, "query buffers must fit before the codebook window");
 };
 
-// ---- cp.async (sm_80+): global → shared without registers ------------------------------------
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
-}
 struct IdentityOffset {
   __device__ __forceinline__ int operator()(int x) const { return x; }
 };

@@ -125,6 +125,19 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
   return pack_half2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
 }
 
+// ---- cp.async (sm_80+): global → shared without registers ------------------------------------
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // ---- bit extraction from words realigned to the first code's bit ---------------------------
 /// Code i (bits [i·B, i·B + B)) of the little-endian bit stream held in a[].
 template <int B, int I, int NA>

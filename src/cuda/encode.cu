@@ -231,9 +231,21 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   float* const s_best = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub); // [warps][32·SPL]
   int* const s_bcode = reinterpret_cast<int*>(s_best + kEncWarps * 32 * SPL);       // [warps][32·SPL]
 
-  // the f32 codebook in shared memory: every scan reads it as warp-wide broadcasts
-  for (int i = tid; i < nC * SD / 4; i += 256) reinterpret_cast<float4*>(s_cb)[i] = reinterpret_cast<const float4*>(sd.cb)[i];
-  for (int i = tid; i < nC; i += 256) s_nrm[i] = sd.norms[i];
+  // the f32 codebook in shared memory: every scan reads it as warp-wide broadcasts. Copied
+  // with cp.async, all in flight at once: a load-then-store loop through registers waited one
+  // L2 round trip per iteration (the generic loads may alias the shared stores, so the
+  // compiler cannot hoist them): 20 + 16 round trips for a 4096-entry d4 codebook and its
+  // norms, most of a decode step's encode
+  if (((reinterpret_cast<uintptr_t>(sd.cb) | reinterpret_cast<uintptr_t>(sd.norms)) & 15) == 0) {
+    const uint32_t cb_s = uint32_t(__cvta_generic_to_shared(s_cb)), nrm_s = uint32_t(__cvta_generic_to_shared(s_nrm));
+    for (int i = tid; i < nC * SD / 4; i += 256) cp_async16(cb_s + 16u * uint32_t(i), sd.cb + 4 * i);
+    for (int i = tid; i < nC / 4; i += 256) cp_async16(nrm_s + 16u * uint32_t(i), sd.norms + 4 * i);
+    cp_async_commit();
+    cp_async_wait<0>();
+  } else {
+    for (int i = tid; i < nC * SD; i += 256) s_cb[i] = __ldg(sd.cb + i);
+    for (int i = tid; i < nC; i += 256) s_nrm[i] = __ldg(sd.norms + i);
+  }
   __syncthreads();
   const float* const cb = s_cb;
   const float* const nrm = s_nrm;
@@ -259,12 +271,27 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
       const Pos q = decompose(th, p.n_kv_heads, p.n_new);
       const int64_t base = q.b * sd.src.stride[0] + q.kvh * sd.src.stride[1] + q.i * sd.src.stride[2];
       const float* il = (keys && p.inv_lambda) ? p.inv_lambda + q.kvh * D : nullptr;
+      // every load issued before any use (one round trip, not D/32): raw 16-bit values or
+      // floats first, the dtype branch outside the unrolled loops
+      float xv[D / 32], lv[D / 32];
+      const int64_t es = sd.src.stride[3];
 #pragma unroll
-      for (int d = lane; d < D; d += 32) {
-        float x = load_f(sd.src.data, sd.src.dtype, base + d * sd.src.stride[3]);
-        if (il) x = __fmul_rn(x, il[d]);
-        xs[tt * D + d] = x;
+      for (int k = 0; k < D / 32; ++k) lv[k] = il ? __ldg(il + lane + 32 * k) : 1.0f;
+      if (sd.src.dtype == DType::F32) {
+        const float* src = static_cast<const float*>(sd.src.data) + base;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) xv[k] = src[(lane + 32 * k) * es];
+      } else {
+        const uint16_t* src = static_cast<const uint16_t*>(sd.src.data) + base;
+        uint16_t raw[D / 32];
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) raw[k] = src[(lane + 32 * k) * es];
+        const int bf16 = sd.src.dtype == DType::BF16;
+#pragma unroll
+        for (int k = 0; k < D / 32; ++k) xv[k] = store16_to_f(raw[k], bf16);
       }
+#pragma unroll
+      for (int k = 0; k < D / 32; ++k) xs[tt * D + lane + 32 * k] = il ? __fmul_rn(xv[k], lv[k]) : xv[k];
     }
     __syncwarp();
     if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
