@@ -628,28 +628,55 @@ int main(int argc, char** argv) {
         if (r >= 2) t.push_back(ms);
       }
       const double us = median(t) * 1e3, rate = double(B) * kKV * n / (us * 1e-6);
-      // decode mode: one new token per (batch, kv head), all warps of a block on one token-head
+      // decode mode: one new token per (batch, kv head), all warps of a block on one token
+      // group; with the workspace (the caches' planned decode steps) several blocks split the
+      // codebook. Both timed, and the sliced codes checked against the one-block codes.
       cuda::EncodeParams e1 = e;
       e1.n_new = 1;
-      std::vector<float> t1;
-      for (int r = 0; r < 12; ++r) {
-        CK(cudaEventRecord(tm.a));
-        cuda::encode_launch(e1, true, nullptr);
-        CK(cudaEventRecord(tm.b));
-        CK(cudaEventSynchronize(tm.b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-        if (r >= 2) t1.push_back(ms);
-      }
-      const double us1 = median(t1) * 1e3;
+      const int64_t jobs1 = int64_t(B) * kKV;
+      const size_t nws = size_t(2 * jobs1 * cuda::kEncDecSlices * 32);
+      float* ws_best;
+      int *ws_code, *ws_count;
+      CK(cudaMalloc(&ws_best, nws * 4));
+      CK(cudaMalloc(&ws_code, nws * 4));
+      CK(cudaMalloc(&ws_count, size_t(2 * jobs1) * 4));
+      CK(cudaMemset(ws_count, 0, size_t(2 * jobs1) * 4));
+      auto time_decode = [&](const cuda::EncodeParams& ep) {
+        std::vector<float> t1;
+        for (int r = 0; r < 12; ++r) {
+          CK(cudaEventRecord(tm.a));
+          cuda::encode_launch(ep, true, nullptr);
+          CK(cudaEventRecord(tm.b));
+          CK(cudaEventSynchronize(tm.b));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+          if (r >= 2) t1.push_back(ms);
+        }
+        return median(t1) * 1e3;
+      };
+      const size_t step_bytes = size_t(B) * kKV * n * rs;  // codes of position 0 of every group
+      std::vector<uint8_t> c_one(step_bytes), c_sliced(step_bytes);
+      const double us1 = time_decode(e1);
+      CK(cudaMemcpy(c_one.data(), codes, step_bytes, cudaMemcpyDeviceToHost));
+      CK(cudaMemset(codes, 0xEE, step_bytes));
+      cuda::EncodeParams e2 = e1;
+      e2.dec_slices = cuda::kEncDecSlices;
+      e2.dec_ws_best = ws_best, e2.dec_ws_code = ws_code, e2.dec_ws_count = ws_count, e2.dec_ws_jobs = jobs1;
+      const double us2 = time_decode(e2);
+      CK(cudaMemcpy(c_sliced.data(), codes, step_bytes, cudaMemcpyDeviceToHost));
+      bool same_dec = true;
+      for (int64_t bh = 0; bh < jobs1; ++bh)  // the decode launches wrote position 0 of each row
+        same_dec &= std::memcmp(c_one.data() + bh * n * rs, c_sliced.data() + bh * n * rs, rs) == 0;
+      for (void* ptr : {(void*)ws_best, (void*)ws_code, (void*)ws_count}) cudaFree(ptr);
       const std::string nm = std::string(side == 1 ? "keys " : "values ") + "d" + std::to_string(sub) + "b" +
                              std::to_string(bits) + " v" + std::to_string(variant);
       std::printf("encode %-17s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder; "
-                  "all %d rows %s the first variant's); decode step (64 token-heads): %.1f us\n",
+                  "all %d rows %s the first variant's); decode step (64 token-heads): %.1f us, with the "
+                  "workspace (up to %d blocks per group, as the caches): %.1f us (codes %s)\n",
                   nm.c_str(), us, rate / 1e6, (long long)bad, nchk, B * kKV * n, same_all ? "equal" : "DIFFER FROM",
-                  us1);
+                  us1, cuda::kEncDecSlices, us2, same_dec ? "equal" : "DIFFER");
       enc_rows.push_back({nm, rate});
-      all_valid &= bad == 0 && same_all;
+      all_valid &= bad == 0 && same_all && same_dec;
       }
       for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
     }

@@ -215,6 +215,7 @@ class CudaCacheBase : public CudaKVCache {
     DeviceGuard g(device_.index);
     Plan p = make_plan(n_heads, q_len, typical_len);
     ensure_workspace(p);
+    ensure_step_workspace(q_len);
     plan_ = p;
   }
 
@@ -228,6 +229,9 @@ class CudaCacheBase : public CudaKVCache {
   };
 
   virtual cuda::AttnConfigKey attn_key(int nt) const = 0;
+  /// What a decode step needs beyond attention's workspace, allocated when it is planned (a
+  /// captured step must not allocate).
+  virtual void ensure_step_workspace(int /*q_len*/) {}
   /// Fills the cache-specific parts of the attention parameters (codes, window, lengths).
   virtual void fill_attn(cuda::AttnParams& p) const = 0;
 
@@ -1250,6 +1254,13 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     e.res_count = rc_.ptr<int32_t>();
     e.residual_length = config_.residual_length;
     e.error_flag = err_.ptr<int>();
+    if (dec_best_.defined()) {  // decode-mode encode over several blocks (planned decode steps)
+      e.dec_slices = cuda::kEncDecSlices;
+      e.dec_ws_best = dec_best_.ptr<float>();
+      e.dec_ws_code = dec_code_.ptr<int>();
+      e.dec_ws_count = dec_count_.ptr<int>();
+      e.dec_ws_jobs = dec_jobs_;
+    }
     const int64_t R = config_.residual_length;
     switch (mode_) {
       case CacheMode::Standard:
@@ -1287,6 +1298,17 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
         break;
     }
     return e;
+  }
+
+  void ensure_step_workspace(int q_len) override {
+    const int64_t jobs = batch_ * n_kv_heads_ * q_len;  // token groups per side, at most
+    const int64_t n = 2 * jobs * cuda::kEncDecSlices * 32 * std::max<int64_t>(1, config_.head_dim / 128);
+    if (!dec_best_.defined() || dec_best_.numel() < n) {
+      dec_best_ = Tensor::empty({n}, DType::F32, device_);
+      dec_code_ = Tensor::empty({n}, DType::I32, device_);
+    }
+    if (!dec_count_.defined() || dec_count_.numel() < 2 * jobs) dec_count_ = Tensor::zeros({2 * jobs}, DType::I32, device_);
+    dec_jobs_ = jobs;
   }
 
   /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).
@@ -1360,6 +1382,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(k_cb_qmul_, o.k_cb_qmul_);
     std::swap(cb_fmt_, o.cb_fmt_);
     std::swap(v_cb_omul_, o.v_cb_omul_);
+    std::swap(dec_best_, o.dec_best_);
+    std::swap(dec_code_, o.dec_code_);
+    std::swap(dec_count_, o.dec_count_);
+    std::swap(dec_jobs_, o.dec_jobs_);
     Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
                       &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
     Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
@@ -1380,6 +1406,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   int cb_fmt_ = 0;
   int cb_fmt() const { return cb_fmt_; }
   Tensor held_k_, held_v_, codes_k_, codes_v_, pend_k_, pend_v_, ring_k_, ring_v_;
+  // decode-mode encode workspace (EncodeParams::dec_*), sized by plan_decode
+  Tensor dec_best_, dec_code_, dec_count_;
+  int64_t dec_jobs_ = 0;
   std::unique_ptr<CacheState> staged_;
 };
 

@@ -224,6 +224,19 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   if (sd.sub != SD || !(p.sides & (keys ? 1 : 2))) return;  // served elsewhere / not asked for
   const int nC = 1 << sd.bits;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Decode mode over several blocks (EncodeParams::dec_slices): NB blocks share a job, block
+  // `bslice` scans centroids [c_blk0, c_blk0 + per_blk) with its CS warps; the last block of a
+  // job to finish merges the NB partial answers (workspace) and writes. Slices keep >= 64
+  // centroids per warp (8-centroid chunks); blocks past this side's NB have nothing to do.
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t n_jobs = (n_th + TPJ - 1) / TPJ;
+  int NB = 1;
+  if (CS > 1 && p.dec_slices > 1 && p.dec_ws_best && n_jobs <= p.dec_ws_jobs)
+    NB = max(1, min(p.dec_slices, nC / (CS * 64)));
+  const int NBL = CS > 1 && p.dec_slices > 1 ? p.dec_slices : 1;  // blocks per job in the grid
+  const int bslice = CS > 1 ? int(blockIdx.x % NBL) : 0;
+  if (bslice >= NB) return;
+  const int per_blk = nC / NB, c_blk0 = bslice * per_blk;
   float* const s_cb = reinterpret_cast<float*>(smem);                  // [nC][SD] (throughput mode)
   float* const s_nrm = s_cb + nC * SD;                                  // [nC]
   float* const s_x = s_nrm + nC;                                        // [warps][TPJ][D]
@@ -236,27 +249,32 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   // L2 round trip per iteration (the generic loads may alias the shared stores, so the
   // compiler cannot hoist them): 20 + 16 round trips for a 4096-entry d4 codebook and its
   // norms, most of a decode step's encode
-  if (((reinterpret_cast<uintptr_t>(sd.cb) | reinterpret_cast<uintptr_t>(sd.norms)) & 15) == 0) {
+  // (a block of a sliced decode job stages its slice only, at the start of the buffers)
+  const float* const g_cb = sd.cb + size_t(c_blk0) * SD;
+  const float* const g_nrm = sd.norms + c_blk0;
+  if (((reinterpret_cast<uintptr_t>(g_cb) | reinterpret_cast<uintptr_t>(g_nrm)) & 15) == 0) {
     const uint32_t cb_s = uint32_t(__cvta_generic_to_shared(s_cb)), nrm_s = uint32_t(__cvta_generic_to_shared(s_nrm));
-    for (int i = tid; i < nC * SD / 4; i += 256) cp_async16(cb_s + 16u * uint32_t(i), sd.cb + 4 * i);
-    for (int i = tid; i < nC / 4; i += 256) cp_async16(nrm_s + 16u * uint32_t(i), sd.norms + 4 * i);
+    for (int i = tid; i < per_blk * SD / 4; i += 256) cp_async16(cb_s + 16u * uint32_t(i), g_cb + 4 * i);
+    for (int i = tid; i < per_blk / 4; i += 256) cp_async16(nrm_s + 16u * uint32_t(i), g_nrm + 4 * i);
     cp_async_commit();
     cp_async_wait<0>();
   } else {
-    for (int i = tid; i < nC * SD; i += 256) s_cb[i] = __ldg(sd.cb + i);
-    for (int i = tid; i < nC; i += 256) s_nrm[i] = __ldg(sd.norms + i);
+    for (int i = tid; i < per_blk * SD; i += 256) s_cb[i] = __ldg(g_cb + i);
+    for (int i = tid; i < per_blk; i += 256) s_nrm[i] = __ldg(g_nrm + i);
   }
   __syncthreads();
-  const float* const cb = s_cb;
-  const float* const nrm = s_nrm;
+  // indexed by absolute centroid number (the search's ranges lie inside the staged slice)
+  const float* const cb = s_cb - size_t(c_blk0) * SD;
+  const float* const nrm = s_nrm - c_blk0;
+  // the dequantized rows read any centroid: the whole codebook (global when sliced)
+  const float* const deq_cb = NB > 1 ? sd.cb : s_cb;
   float* const xs = s_x + warp * TPJ * D;
   uint32_t* const cc = s_code + warp * TPJ * kNSub;
-  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
-  const int64_t n_jobs = (n_th + TPJ - 1) / TPJ;
   const int row_words = sd.row_stride / 4;
-  const int64_t job_step = CS == 1 ? int64_t(gridDim.x) * kEncWarps : int64_t(gridDim.x);
-  const int64_t job0 = CS == 1 ? int64_t(blockIdx.x) * kEncWarps + warp : int64_t(blockIdx.x);
-  const int cbeg = CS == 1 ? 0 : warp * (nC / CS), cend = CS == 1 ? nC : cbeg + nC / CS;
+  const int64_t job_step = CS == 1 ? int64_t(gridDim.x) * kEncWarps : int64_t(gridDim.x / NBL);
+  const int64_t job0 = CS == 1 ? int64_t(blockIdx.x) * kEncWarps + warp : int64_t(blockIdx.x / NBL);
+  const int cbeg = CS == 1 ? 0 : c_blk0 + warp * (per_blk / CS), cend = CS == 1 ? nC : cbeg + per_blk / CS;
+  __shared__ int s_last;  // sliced decode: whether this block merges the job
 
   for (int64_t job = job0; job < n_jobs; job += job_step) {
     const int64_t th0 = job * TPJ;
@@ -325,6 +343,41 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
           if (e < bb) bb = e, bc = s_bcode[w * 32 * SPL + s * 32 + lane];
         }
         code[s] = bc;
+        best[s] = bb;
+      }
+      if (NB > 1) {
+        // this block's answer into the workspace; the last of the job's NB blocks merges them
+        // in slice order (strict <: ties keep the lower slice, i.e. the lower index)
+        const int64_t jslot = (blockIdx.y ? p.dec_ws_jobs : 0) + job;
+        if (warp == 0) {
+#pragma unroll
+          for (int s = 0; s < SPL; ++s) {
+            const int64_t i = (jslot * NB + bslice) * 32 * SPL + s * 32 + lane;
+            p.dec_ws_best[i] = best[s];
+            p.dec_ws_code[i] = code[s];
+          }
+          __threadfence();
+        }
+        __syncthreads();
+        if (tid == 0) {
+          const int done = atomicAdd(p.dec_ws_count + jslot, 1);
+          s_last = done == NB - 1;
+          if (s_last) p.dec_ws_count[jslot] = 0;  // ready for the next launch (graph replays)
+        }
+        __syncthreads();
+        if (!s_last) continue;  // (block-uniform) another block of the job writes it
+        __threadfence();
+#pragma unroll
+        for (int s = 0; s < SPL; ++s) {
+          const int64_t i0 = jslot * NB * 32 * SPL + s * 32 + lane;
+          float bb = __ldcg(p.dec_ws_best + i0);
+          int bc = __ldcg(p.dec_ws_code + i0);
+          for (int b = 1; b < NB; ++b) {
+            const float e = __ldcg(p.dec_ws_best + i0 + int64_t(b) * 32 * SPL);
+            if (e < bb) bb = e, bc = __ldcg(p.dec_ws_code + i0 + int64_t(b) * 32 * SPL);
+          }
+          code[s] = bc;
+        }
       }
     }
 #pragma unroll
@@ -374,7 +427,7 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
     if (writer && any_deq) {  // dequantized rows for tokens born outside the window
       for (int idx = lane; idx < TPJ * D; idx += 32) {
         const int tt = idx / D, d = idx % D;
-        xs[idx] = cb[size_t(cc[tt * kNSub + d / SD]) * SD + d % SD];
+        xs[idx] = deq_cb[size_t(cc[tt * kNSub + d / SD]) * SD + d % SD];
       }
       __syncwarp();
       if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
@@ -892,8 +945,16 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   } else {
     blocks = int(std::min<int64_t>(jobs, 65535));
   }
+  EncodeParams q = p;
+  if (CS > 1) {  // decode mode: dec_slices blocks per token group where a workspace is given
+    if (!(q.dec_ws_best && q.dec_ws_code && q.dec_ws_count) || q.dec_slices < 1) q.dec_slices = 1;
+    // no more blocks than the launch's largest codebook can use (>= 64 centroids per warp):
+    // 256-entry codebooks keep one block per group (run 37: empty blocks cost ~1.5 us)
+    q.dec_slices = std::max(1, std::min(q.dec_slices, nmax / (CS * 64)));
+    blocks = int(std::min<int64_t>(jobs, 65535 / q.dec_slices)) * q.dec_slices;
+  }
   dim3 grid(std::max(blocks, 1), 2);  // y: keys, values (a block whose side has another sub_dim exits)
-  kern<<<grid, 256, smem, s>>>(p);
+  kern<<<grid, 256, smem, s>>>(q);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -173,7 +173,19 @@ struct EncodeParams {
                               ///< offset, 4 sub-vectors per lane), larger ones the previous one;
                               ///< 2: v2 with 8 sub-vectors per lane, any codebook; 0: the previous
                               ///< kernel. Same codes from all (kept for same-run comparisons).
+  // Decode mode over several blocks per token group: dec_slices blocks split the codebook (a
+  // side keeps >= 64 centroids per warp, so 4096-entry codebooks use 8, 256-entry ones 1), and
+  // the last block of a group merges their answers from this workspace. Null: one block per
+  // group. Sizes: best/code 2·dec_ws_jobs·dec_slices·32·max(1, head_dim/128), count 2·dec_ws_jobs
+  // zeros (the merging block resets its counter); more jobs than dec_ws_jobs: one block each.
+  int dec_slices = 1;
+  float* dec_ws_best = nullptr;
+  int* dec_ws_code = nullptr;
+  int* dec_ws_count = nullptr;
+  int64_t dec_ws_jobs = 0;
 };
+/// Blocks per token group of a decode-mode encode with a workspace (EncodeParams::dec_slices).
+constexpr int kEncDecSlices = 8;
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
 /// split the codebook scan (latency), else one warp per token group (throughput).
