@@ -22,9 +22,11 @@
 //    exactly as it lands, with no register moves. With one row tile a single A fragment
 //    serves two k-steps (rows g for the even one, rows g + 8 for the odd one, two chains).
 //    Values: Oᵀ[16 dims × 8 rows] += V̂ᵀ · Pᵀ, where the score fragment (row g, tokens 2t,
-//    2t + 1) is already P's B fragment: no shuffles between the two products. Register
-//    pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per sub-vector and
-//    query row) cannot fit anyway.
+//    2t + 1) is already P's B fragment: no shuffles between the two products. d8 values with
+//    fp16 centroids come as V̂ᵀ's A fragments straight from `ldmatrix.x4.trans` (a 16-byte
+//    centroid is one row of an 8×8 matrix); d4 centroids are paired per register by PRMT.
+//    Register pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per
+//    sub-vector and query row) cannot fit anyway.
 //  * The per-token cost is shared-memory gathers (head_dim·2 bytes per K and per V), so the
 //    codebooks are replicated across banks: lane l of a shared-memory phase reads copy
 //    l mod R, each copy living in its own bank group, which makes the random gathers
@@ -777,7 +779,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // quad and O, l rescaled. The common path has no shuffle at all: the probabilities of row g,
   // tokens 2t, 2t + 1 are exactly the B fragment the value MMA wants.
   // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
-  // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format).
+  // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format); VFragTag:
+  // vwords(kt, mt, a) hands over m-tile mt's A fragment ready (the ldmatrix mapping).
   auto softmax_pv = [&](float (&s)[KT][2][4], auto vals8_tag, auto&& vwords) {
     constexpr bool kFrag = std::is_same_v<std::decay_t<decltype(vals8_tag)>, VFragTag>;
     constexpr bool kVals8 = !kFrag && decltype(vals8_tag)::value;
