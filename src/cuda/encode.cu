@@ -20,7 +20,9 @@
 // Shape. Throughput mode: one warp per job of TPJ token-heads (each lane SPL sub-vectors), the
 // f32 codebook staged in shared memory and read as warp-wide broadcasts. Decode mode (a few
 // tokens): the 8 warps of a block share the job and split the codebook scan, then take the
-// best of the 8 exact answers (ties to the lower slice, i.e. the lower index).
+// best of the 8 exact answers (ties to the lower slice, i.e. the lower index); codebooks of
+// 1024+ entries are split over up to 8 blocks per job as well (EncodeParams::dec_slices), whose
+// answers the job's last block merges the same way from a workspace.
 #include <algorithm>
 #include <cfloat>
 #include <climits>
