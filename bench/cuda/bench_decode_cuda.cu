@@ -617,17 +617,21 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(got.data(), codes, got.size(), cudaMemcpyDeviceToHost));
       int64_t bad = 0;
       for (int r = 0; r < nchk; ++r) bad += std::memcmp(got.data() + r * rs, want.data() + r * pq.code_bytes, pq.code_bytes) != 0;
-      std::vector<float> t;
-      for (int r = 0; r < 8; ++r) {
-        CK(cudaEventRecord(tm.a));
-        cuda::encode_launch(e, false, nullptr);
-        CK(cudaEventRecord(tm.b));
-        CK(cudaEventSynchronize(tm.b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-        if (r >= 2) t.push_back(ms);
-      }
-      const double us = median(t) * 1e3, rate = double(B) * kKV * n / (us * 1e-6);
+      // median us of reps launches after two warm-ups
+      auto time_launch = [&](const cuda::EncodeParams& ep, bool decode_mode, int reps) {
+        std::vector<float> t;
+        for (int r = 0; r < reps; ++r) {
+          CK(cudaEventRecord(tm.a));
+          cuda::encode_launch(ep, decode_mode, nullptr);
+          CK(cudaEventRecord(tm.b));
+          CK(cudaEventSynchronize(tm.b));
+          float ms;
+          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+          if (r >= 2) t.push_back(ms);
+        }
+        return median(t) * 1e3;
+      };
+      const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
       // decode mode: one new token per (batch, kv head), all warps of a block on one token
       // group; with the workspace (the caches' planned decode steps) several blocks split the
       // codebook. Both timed, and the sliced codes checked against the one-block codes.
@@ -641,28 +645,15 @@ int main(int argc, char** argv) {
       CK(cudaMalloc(&ws_code, nws * 4));
       CK(cudaMalloc(&ws_count, size_t(2 * jobs1) * 4));
       CK(cudaMemset(ws_count, 0, size_t(2 * jobs1) * 4));
-      auto time_decode = [&](const cuda::EncodeParams& ep) {
-        std::vector<float> t1;
-        for (int r = 0; r < 12; ++r) {
-          CK(cudaEventRecord(tm.a));
-          cuda::encode_launch(ep, true, nullptr);
-          CK(cudaEventRecord(tm.b));
-          CK(cudaEventSynchronize(tm.b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-          if (r >= 2) t1.push_back(ms);
-        }
-        return median(t1) * 1e3;
-      };
       const size_t step_bytes = size_t(B) * kKV * n * rs;  // codes of position 0 of every group
       std::vector<uint8_t> c_one(step_bytes), c_sliced(step_bytes);
-      const double us1 = time_decode(e1);
+      const double us1 = time_launch(e1, true, 12);
       CK(cudaMemcpy(c_one.data(), codes, step_bytes, cudaMemcpyDeviceToHost));
       CK(cudaMemset(codes, 0xEE, step_bytes));
       cuda::EncodeParams e2 = e1;
       e2.dec_slices = cuda::kEncDecSlices;
       e2.dec_ws_best = ws_best, e2.dec_ws_code = ws_code, e2.dec_ws_count = ws_count, e2.dec_ws_jobs = jobs1;
-      const double us2 = time_decode(e2);
+      const double us2 = time_launch(e2, true, 12);
       CK(cudaMemcpy(c_sliced.data(), codes, step_bytes, cudaMemcpyDeviceToHost));
       bool same_dec = true;
       for (int64_t bh = 0; bh < jobs1; ++bh)  // the decode launches wrote position 0 of each row
