@@ -230,7 +230,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
-       value_gathers = false;
+       value_gathers = false, no_cluster = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -244,9 +244,11 @@ int main(int argc, char** argv) {
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
     else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
+    else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
+  cuda::attn_set_cluster_merge(!no_cluster);
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;
@@ -416,7 +418,10 @@ int main(int argc, char** argv) {
     p.counters = bf.counters;
     p.done_counter = bf.done;
     CK(cudaMemset(bf.out, 0xFF, size_t(B) * kH * kD * 2));  // poison: NaN halves
+    const long long clusters_before = cuda::attn_cluster_launches();
     launch(p);
+    // how the splits merged: as clusters (distributed shared memory) or through the workspace
+    const char* merge = S == 1 ? "-" : cuda::attn_cluster_launches() > clusters_before ? "cl" : "ws";
     CK(cudaDeviceSynchronize());
     double worst = 0, worst_f32 = -1;
     for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}}) {
@@ -459,7 +464,7 @@ int main(int argc, char** argv) {
       int khz = 0;
       CK(cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev));
       const char* names[] = {"setup", "coded loop (warp 0)", "window (warp 0)", "wait for all warps",
-                             "combine + partial write", "fence + arrival", "merge (last block)"};
+                             "combine + partial write", "fence + arrival / cluster barrier", "merge (last block / cluster share)"};
       unsigned long long g0 = ~0ull, g1 = 0, e1 = 0;
       for (int i = 0; i < nblk; ++i) {
         const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
@@ -479,15 +484,15 @@ int main(int argc, char** argv) {
         }
         if (d.empty()) continue;
         std::sort(d.begin(), d.end());
-        std::printf("    %-26s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
+        std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
       }
     }
     const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
     const double bytes = double(nbh) * (double(n_code) * (krs + vrs) + double(n_win) * kD * 2 * 2) +
                          2.0 * B * kH * kD * 2;
     const double gbps = bytes / (us * 1e-6) / 1e9;
-    std::printf("%-22s B=%-3d L=%-7d splits=%-2d occ=%d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s",
-                name.c_str(), B, L, S, bps, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
+    std::printf("%-22s B=%-3d L=%-7d splits=%-2d merge=%-2s occ=%d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s",
+                name.c_str(), B, L, S, merge, bps, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
     if (s.fmt) std::printf(" (vs f32 codebooks %.2e)", worst_f32);
     std::printf("\n");
     std::fflush(stdout);
@@ -515,6 +520,15 @@ int main(int argc, char** argv) {
   if (selected("splits")) {
     const Spec s{4, 8, 4, 8};
     const cuda::AttnConfigKey key{kD, 4, 8, 4, 8, 1};
+    if (cuda::attn_config_compiled(key)) {
+      std::printf("clusters resident at once (d4b8/d4b8 kernel; a launch clusters when its segments fit):");
+      for (int S : {2, 4, 8, 12, 16}) {
+        const char* err = "";
+        const int n = cuda::attn_max_active_clusters(key, S, &err);
+        std::printf(" %d x %d%s%s", S, n, *err ? " " : "", err);
+      }
+      std::printf("\n");
+    }
     if (cuda::attn_config_compiled(key))
       for (int S : {8, 12, 16, 24, 32})
         split_rows.push_back(measure("d4b8/d4b8 splits=" + std::to_string(S), s, 1, 131072, false,

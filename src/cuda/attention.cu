@@ -3,10 +3,13 @@
 // and the split planner. Launch only here: planning (splits, workspace) happens in the cache
 // before a decode step, so a captured step launches without host work.
 #include <algorithm>
+#include <atomic>
+#include <map>
 #include <mutex>
 #include <set>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -106,18 +109,94 @@ void ensure_smem_attr(const AttnEntry& e) {
   done.insert({dev, e.kernel});
 }
 
+std::atomic<bool> g_cluster_allowed{true};
+std::atomic<long long> g_cluster_launches{0};
+const char* g_cluster_query_error = "";  // the last failed occupancy query (diagnosis)
+constexpr int kMaxClusterSplits = 16;  // the kernel's merge arrays; 9..16 are non-portable sizes
+
+/// How many clusters of `splits` blocks of the entry's kernel can be resident at once on the
+/// current device (0: none, or the kernel/device cannot run clusters). Cached per (device,
+/// kernel, splits); the first query also allows non-portable sizes (9..16) for the kernel.
+int max_active_clusters(const AttnEntry& e, int splits) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, int> cache;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, e.kernel, splits);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int n = 0, major = 0;
+  VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cudaFuncAttributes fa{};
+  VQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, e.kernel));
+  if (major >= 9 && fa.binaryVersion >= 90) {  // a kernel built for sm_80 (PTX JIT) has no cluster path
+    if (splits > 8) VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(unsigned(splits), 1, 1);
+    cfg.blockDim = dim3(unsigned(e.threads));
+    cfg.dynamicSmemBytes = size_t(e.smem);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = unsigned(splits), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cfg);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not fatal: such launches merge through the workspace
+      g_cluster_query_error = cudaGetErrorString(err);
+      n = 0;
+    }
+  }
+  cache[key] = n;
+  return n;
+}
+
+/// Whether a launch of entry e with p's plan runs as clusters: 2..16 splits, the switch on,
+/// and every segment's cluster resident at once (a second wave of clusters would cost more
+/// than the merge saves).
+bool use_cluster(const AttnEntry& e, const AttnParams& p) {
+  if (!g_cluster_allowed.load() || p.n_splits < 2 || p.n_splits > kMaxClusterSplits) return false;
+  const int64_t segments = int64_t(p.n_kv_heads) * p.n_row_chunks * p.batch;
+  return segments <= max_active_clusters(e, p.n_splits);
+}
+
 /// Launches through the entry's own kernel pointer, the one ensure_smem_attr configured. (A
 /// `<<<>>>` launch from a template instantiated in several translation units, as the tuning
 /// variants re-instantiate defaults, may reach another unit's registration of the kernel,
-/// whose shared-memory limit was never raised: "invalid argument".)
+/// whose shared-memory limit was never raised: "invalid argument".) With clusters, the n_splits
+/// blocks of each segment (grid x) form one cluster.
 void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream) {
-  void* args[] = {const_cast<AttnParams*>(&p)};
+  if (use_cluster(e, p)) {
+    AttnParams pc = p;
+    pc.cluster_launch = 1;
+    void* args[] = {&pc};
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(unsigned(e.threads));
+    cfg.dynamicSmemBytes = size_t(e.smem);
+    cfg.stream = as_stream(stream);
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = grid.x, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cfg, e.kernel, args));
+    g_cluster_launches.fetch_add(1);
+    return;
+  }
+  AttnParams pg = p;
+  pg.cluster_launch = 0;
+  void* args[] = {&pg};
   VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
 }
 
 }  // namespace
 
 bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
+
+bool attn_set_cluster_merge(bool allowed) { return g_cluster_allowed.exchange(allowed); }
+long long attn_cluster_launches() { return g_cluster_launches.load(); }
 
 const char* attn_compiled_list() {
   static const std::string s = [] {
@@ -181,6 +260,20 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   }
   ensure_smem_attr(*e);
   launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream);
+}
+
+int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error) {
+  const AttnEntry* e = find(k);
+  if (!e) return 0;
+  ensure_smem_attr(*e);
+  const int n = max_active_clusters(*e, splits);
+  if (error) *error = g_cluster_query_error;
+  return n;
+}
+
+bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p) {
+  const AttnEntry* e = find(k);  // split launches never take the two-blocks entry
+  return e && p.n_splits > 1 && use_cluster(*e, p);
 }
 
 namespace {

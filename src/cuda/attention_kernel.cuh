@@ -1351,6 +1351,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     const int mt = d >> 4, half = (d >> 3) & 1, gg = d & 7;
     return (gg * T::kVSpt + mt / T::kVWps) * VS + 2 * (mt % T::kVWps) + half;
   };
+  // Cluster launches: this block's partial (O[row][d], then max and sum per row) goes to the
+  // query buffers, dead since the window phase (the barrier above): 4·D + 8 bytes a row fit the
+  // 2·kQRowB = 4·D + 128 bytes a row of sQt and sQr hold.
+  static_assert(kRows * D * 4 + 2 * kRows * 4 <= 2 * kRows * T::kQRowB, "the cluster partial fits the query buffers");
+  float* const cpo = reinterpret_cast<float*>(sQt);
+  float* const cpm = cpo + kRows * D;
+  float* const cpl = cpm + kRows;
   for (int idx = tid; idx < live_rows * D; idx += T::kThreads) {
     const int row = idx / D, d = idx % D, dc = o_col(d);
     float M = -INFINITY;
@@ -1366,6 +1373,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
     if (S == 1) {
       write_out(row, d, lsum > 0.0f ? acc / lsum : 0.0f);
+    } else if (p.cluster_launch) {
+      cpo[row * D + d] = acc;
+      if (d == 0) cpm[row] = M, cpl[row] = lsum;
     } else {
       const int64_t slot = (int64_t(seg) * S + split) * kRows + row;
       p.ws_o[slot * D + d] = acc;
@@ -1373,10 +1383,57 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   }
 
-  // ---- split merge by the last block of the segment -----------------------------------------
+  // ---- split merge --------------------------------------------------------------------------
   stamp(5);
   bool seg_done = (S == 1);
-  if (S > 1) {
+  if (S > 1 && p.cluster_launch) {
+    // The segment's S blocks form one cluster (rank = split): after one cluster barrier every
+    // block merges a 1/S share of the outputs, reading the S partials from the blocks' shared
+    // memory (one round of S·3 independent loads per element); a second barrier keeps each
+    // block's partial alive until all have read it. No workspace, no fence, no counter.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    constexpr int kMaxCluster = 16;
+    cluster_sync_all();
+    stamp(6);
+    const int n_el = live_rows * D, per = (n_el + S - 1) / S;
+    const uint32_t base = uint32_t(__cvta_generic_to_shared(cpo));
+    for (int i = tid; i < per; i += T::kThreads) {
+      const int idx = split * per + i;
+      if (idx >= n_el) break;
+      const int row = idx / D, d = idx % D;
+      const uint32_t off_o = uint32_t(row * D + d) * 4u, off_m = uint32_t(kRows * D + row) * 4u,
+                     off_l = uint32_t(kRows * D + kRows + row) * 4u;
+      float mv[kMaxCluster], lv[kMaxCluster], ov[kMaxCluster];
+#pragma unroll
+      for (int s2 = 0; s2 < kMaxCluster; ++s2) {
+        if (s2 < S) {
+          const uint32_t rb = cluster_map(base, s2);
+          mv[s2] = ld_cluster_f32(rb + off_m);
+          lv[s2] = ld_cluster_f32(rb + off_l);
+          ov[s2] = ld_cluster_f32(rb + off_o);
+        } else {
+          mv[s2] = -INFINITY, lv[s2] = 0.0f, ov[s2] = 0.0f;
+        }
+      }
+      float M = -INFINITY;
+#pragma unroll
+      for (int s2 = 0; s2 < kMaxCluster; ++s2) M = fmaxf(M, mv[s2]);
+      const float Mu = M == -INFINITY ? 0.0f : M;
+      float acc = 0.0f, lt = 0.0f;
+#pragma unroll
+      for (int s2 = 0; s2 < kMaxCluster; ++s2) {
+        const float f = s2 < S ? ex2(mv[s2] - Mu) : 0.0f;
+        acc += ov[s2] * f;
+        lt += lv[s2] * f;
+      }
+      write_out(row, d, lt > 0.0f ? acc / lt : 0.0f);
+    }
+    cluster_sync_all();
+    seg_done = split == 0;
+#else
+    __trap();  // attn_launch clusters only kernels built for sm_90+
+#endif
+  } else if (S > 1) {
     __threadfence();
     __syncthreads();
     if (tid == 0) sFlag[0] = (atomicAdd(&p.counters[seg], 1) == S - 1);

@@ -169,6 +169,26 @@ constexpr bool lanes_aligned(int nbits, int n_lanes) {
     if (((l * nbits) & 31) != 0) return false;
   return true;
 }
+// ---- thread-block clusters (sm_90): barrier and distributed shared memory ----------------
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+/// Every thread of every block of the cluster: writes before it are visible to reads after it
+/// in any block of the cluster (release/acquire), shared memory included.
+__device__ __forceinline__ void cluster_sync_all() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+/// The address of the same shared-memory byte in block `rank` of the cluster.
+__device__ __forceinline__ uint32_t cluster_map(uint32_t smem_addr, int rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t cluster_addr) {
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(cluster_addr) : "memory");
+  return v;
+}
+#endif
+
 constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x >> 1); }
 
 }  // namespace veloxquant::cuda

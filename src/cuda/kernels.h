@@ -91,6 +91,10 @@ struct AttnParams {
   unsigned long long* prof = nullptr;
   int window_staged = 1;  ///< 1: residual window rows staged through shared memory (0: register loads; A/B tests)
   int value_ldsm = 1;     ///< 1: d8 fp16 value centroids into MMA fragments by ldmatrix.trans (0: per-lane gathers; A/B tests)
+  /// Set by attn_launch, not by callers: 1 when the launch groups a segment's n_splits blocks
+  /// into one thread-block cluster, whose blocks merge their partials through distributed
+  /// shared memory (no workspace round trip, no last-block merge).
+  int cluster_launch = 0;
 };
 constexpr int kAttnProfSlots = 10;
 
@@ -109,8 +113,21 @@ int attn_smem_bytes(const AttnConfigKey& k);
 /// Blocks of that kernel resident per multiprocessor (from the occupancy calculator).
 int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// Launches the attention kernel (plan already folded into p). Throws UnsupportedError for a
-/// configuration this build does not hold, CudaError on a launch failure.
+/// configuration this build does not hold, CudaError on a launch failure. A split launch
+/// (2..16 splits) on an sm_90+ device runs as one thread-block cluster per segment when every
+/// segment's cluster can be resident at once (attn_would_cluster); otherwise the splits merge
+/// through the workspace.
 void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
+/// Clusters of `splits` blocks of the configuration's kernel resident at once on the current
+/// device (0 where clusters cannot run; *error, if given, gets the last failed query's message).
+int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error = nullptr);
+/// Whether attn_launch would run p as clusters on the current device.
+bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p);
+/// Process-wide switch for the cluster merge (default on): off, split launches always merge
+/// through the workspace (A/B benchmarks, tests of both paths). Returns the previous setting.
+bool attn_set_cluster_merge(bool allowed);
+/// Clustered attention launches so far in this process (tests check which path ran).
+long long attn_cluster_launches();
 
 /// Tuning variants (builds with VQ_CUDA_ALL_CONFIGS): the same kernel with other warp-tile
 /// lengths (kt k-tiles of 16 tokens) and register caps (minb blocks per multiprocessor), for

@@ -367,6 +367,79 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
               run_bf16, worst, kAttnNmse);
 }
 
+// Split launches merge their partials either as one thread-block cluster per segment
+// (distributed shared memory, sm_90+, when every cluster fits at once) or through the
+// workspace (the segment's last block). Both paths, on the same caches and queries: each
+// against the oracle, and against each other (the same merge arithmetic in the same split
+// order: equal to a few ulps). On an sm_90+ device the cluster path must actually run.
+TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0xC1u;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  std::vector<AttnCase> cases = {
+      {d4b8, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1},   // 16 splits: a non-portable cluster size
+      {d4b8, 128, 1, 8, 4, 6000, 1, 128, true, 0, DType::F16, mb, 1},   // 11 splits
+      {dflt, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1},  // 5 splits, batch 2
+      {d4b8, 64, 3, 2, 8, 2000, 2, 32, true, 0, DType::F32, mb, 1},     // 16 rows (two row tiles)
+      {d4b8, 256, 1, 2, 4, 3000, 1, 64, true, 0, DType::F16, mb, 1},    // head_dim 256
+      {d4b8, 128, 2, 1, 4, 2000, 37, 64, true, 0, DType::F16, mb, 1},   // prefill chunks
+      {d4b8, 128, 1, 2, 4, 3000, 3, 16, true, 700, DType::F16, mb, 1},  // sliding window
+      {dflt, 128, 1, 2, 4, 2500, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1},
+  };
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool prev = cuda::attn_set_cluster_merge(true);
+  long long clustered = 0;
+  int run = 0;
+  double worst = 0, worst_diff = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a));
+    KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
+    c.storage_dtype = case_storage(a);
+    VecInferKVCache cpu(c);
+    auto gpu = make_cuda(c);
+    for (int64_t n : {int64_t(a.prefix), int64_t(a.q_len)}) {
+      Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
+      Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
+      cpu.update(k.view(), v.view());
+      gpu->update(to_device(k).view(), to_device(v).view());
+    }
+    Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
+    SdpaParams sp;
+    sp.causal = a.causal;
+    sp.sliding_window = a.window;
+    Tensor want = Tensor::empty(q.sizes(), DType::F32);
+    vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), sp);
+    const Tensor qd = to_device(q);
+    cuda::attn_set_cluster_merge(true);
+    const long long before = cuda::attn_cluster_launches();
+    const std::vector<float> with_clusters = floats(gpu->fused_sdpa(qd.view(), sp));
+    clustered += cuda::attn_cluster_launches() - before;
+    cuda::attn_set_cluster_merge(false);
+    const long long before_ws = cuda::attn_cluster_launches();
+    const std::vector<float> with_workspace = floats(gpu->fused_sdpa(qd.view(), sp));
+    EXPECT_EQ(cuda::attn_cluster_launches(), before_ws) << "a cluster launch with the cluster merge switched off";
+    const std::vector<float> ref = want.to_vector_f32();
+    const double e1 = nmse(with_clusters, ref), e2 = nmse(with_workspace, ref);
+    EXPECT_LE(e1, kAttnNmse);
+    EXPECT_LE(e2, kAttnNmse);
+    const double d = nmse(with_clusters, with_workspace);
+    EXPECT_LE(d, 1e-12) << "the two merges disagree";
+    worst = std::max({worst, e1, e2});
+    worst_diff = std::max(worst_diff, d);
+    ++run;
+  }
+  cuda::attn_set_cluster_merge(prev);
+  if (major >= 9) EXPECT_GT(clustered, 0) << "no split launch ran as clusters on an sm_" << major << "x device";
+  std::printf("[cuda attention split merge] %d cases, %lld clustered launches (sm_%d), worst NMSE %.3g vs the oracle, "
+              "%.3g between the cluster and workspace merges\n",
+              run, clustered, major * 10, worst, worst_diff);
+}
+
 // ------------------------------------------------------------------------------------------
 TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
   VQ_SKIP_WITHOUT_GPU();
