@@ -5,8 +5,10 @@
 //   out[row] = Σ_j softmax_j(scale · q̃_row · K̃_j) V̂_j
 // over the split's share of the history: coded tokens (K̃_j = key codebook centroids of the
 // codes of token j, in the transformed space where q̃ = (q ⊙ λ)·H), then exact window tokens
-// (raw q against the stored fp16/bf16 rows). The last block of a (b, h, chunk) to finish
-// merges the splits by log-sum-exp and writes the output; with one split it writes directly.
+// (raw q against the stored fp16/bf16 rows). The splits' partials merge by log-sum-exp:
+// launched as one thread-block cluster per (b, h, chunk) (AttnParams::cluster_launch), every
+// block merges a share through distributed shared memory; otherwise the last block to finish
+// merges them from the workspace. With one split the block writes the output directly.
 //
 // Layout. codes [batch, n_kv_heads, cap, row_stride] (pq.h bit packing, rows padded to 4
 // bytes); window rows [batch, n_kv_heads, win_cap, head_dim]; queries and outputs
