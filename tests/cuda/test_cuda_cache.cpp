@@ -440,6 +440,71 @@ TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
               run, clustered, major * 10, worst, worst_diff);
 }
 
+// A captured decode step whose attention splits (8 segments x 5 splits): on sm_90 it is
+// captured as a cluster launch (the other graph tests plan one split), replayed, and must
+// match the CPU oracle at every step.
+TEST(CudaDecode, GraphCapturedSplitStepsMatchTheOracle) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(47);
+  const Spec s{4, 8, 4, 8};
+  const int B = 1, H = 8, G = 4, D = 128, P = 2600, steps = 12;
+  cudaStream_t stream;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  KVCacheConfig c = vq_config(s, CacheMode::MemoryBound, D, 128, H, rng);
+  VecInferKVCache cpu(c);
+  KVCacheConfig cc = on_cuda(c);
+  cc.stream = stream;
+  auto gpu_owner = KVCacheFactory::create(cc);
+  CudaKVCache* gpu = as_cuda(gpu_owner.get());
+  Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
+  cpu.update(k.view(), v.view());
+  gpu->update(to_device(k).view(), to_device(v).view());
+  gpu->reserve(P + steps);
+  gpu->plan_decode(H * G, 1, P + steps);
+  Tensor dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+  Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+  Tensor dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+  Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+  SdpaParams p;
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const long long before = cuda::attn_cluster_launches();
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+  gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
+  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  const long long clustered = cuda::attn_cluster_launches() - before;
+  if (major >= 9) EXPECT_EQ(clustered, 1) << "the captured split attention should be a cluster launch on sm_" << major << "x";
+  double worst = 0;
+  for (int st = 0; st < steps; ++st) {
+    Tensor q = random_tensor({B, H * G, 1, D}, DType::F16, rng);
+    Tensor kn = random_tensor({B, H, 1, D}, DType::F16, rng), vn = random_tensor({B, H, 1, D}, DType::F16, rng);
+    ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), size_t(q.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dk.data(), kn.data(), size_t(kn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaMemcpy(dv.data(), vn.data(), size_t(vn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    cpu.update(kn.view(), vn.view());
+    Tensor want = Tensor::empty(q.sizes(), DType::F32);
+    vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
+    const double e = nmse(floats(dout), want.to_vector_f32());
+    EXPECT_LE(e, kAttnNmse) << "step " << st;
+    worst = std::max(worst, e);
+  }
+  gpu->sync_seq_lens();
+  EXPECT_EQ(gpu->offset(), P + steps);
+  EXPECT_FALSE(gpu->device_error());
+  std::printf("[cuda graph split] d4b8/d4b8 1x%d kv heads, %d replayed steps, %lld clustered launch(es) captured, "
+              "worst NMSE %.3g\n",
+              H, steps, clustered, worst);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  gpu_owner.reset();
+  cudaStreamDestroy(stream);
+}
+
 // ------------------------------------------------------------------------------------------
 TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
   VQ_SKIP_WITHOUT_GPU();
