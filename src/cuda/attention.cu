@@ -112,7 +112,25 @@ void ensure_smem_attr(const AttnEntry& e) {
 std::atomic<bool> g_cluster_allowed{true};
 std::atomic<long long> g_cluster_launches{0};
 const char* g_cluster_query_error = "";  // the last failed occupancy query (diagnosis)
-constexpr int kMaxClusterSplits = 16;  // the kernel's merge arrays; 9..16 are non-portable sizes
+
+/// The launch configuration of entry e's kernel over `grid`, with the grid's x blocks (a
+/// segment's splits) forming one cluster: for the occupancy query and for the launch.
+struct ClusterLaunch {
+  cudaLaunchAttribute attr{};
+  cudaLaunchConfig_t cfg{};
+  ClusterLaunch(const AttnEntry& e, dim3 grid, void* stream) {
+    attr.id = cudaLaunchAttributeClusterDimension;
+    attr.val.clusterDim.x = grid.x, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(unsigned(e.threads));
+    cfg.dynamicSmemBytes = size_t(e.smem);
+    cfg.stream = as_stream(stream);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+  }
+  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points at this object's attr
+  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+};
 
 /// How many clusters of `splits` blocks of the entry's kernel can be resident at once on the
 /// current device (0: none, or the kernel/device cannot run clusters). Cached per (device,
@@ -132,16 +150,8 @@ int max_active_clusters(const AttnEntry& e, int splits) {
   if (major >= 9 && fa.binaryVersion >= 90) {  // a kernel built for sm_80 (PTX JIT) has no cluster path
     if (splits > 8) VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(unsigned(splits), 1, 1);
-    cfg.blockDim = dim3(unsigned(e.threads));
-    cfg.dynamicSmemBytes = size_t(e.smem);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = unsigned(splits), attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cfg);
+    const ClusterLaunch cl(e, dim3(unsigned(splits), 1, 1), nullptr);
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cl.cfg);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not fatal: such launches merge through the workspace
       g_cluster_query_error = cudaGetErrorString(err);
@@ -156,7 +166,7 @@ int max_active_clusters(const AttnEntry& e, int splits) {
 /// and every segment's cluster resident at once (a second wave of clusters would cost more
 /// than the merge saves).
 bool use_cluster(const AttnEntry& e, const AttnParams& p) {
-  if (!g_cluster_allowed.load() || p.n_splits < 2 || p.n_splits > kMaxClusterSplits) return false;
+  if (!g_cluster_allowed.load() || p.n_splits < 2 || p.n_splits > kAttnMaxClusterSplits) return false;
   const int64_t segments = int64_t(p.n_kv_heads) * p.n_row_chunks * p.batch;
   return segments <= max_active_clusters(e, p.n_splits);
 }
@@ -171,17 +181,8 @@ void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stre
     AttnParams pc = p;
     pc.cluster_launch = 1;
     void* args[] = {&pc};
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(unsigned(e.threads));
-    cfg.dynamicSmemBytes = size_t(e.smem);
-    cfg.stream = as_stream(stream);
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = grid.x, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cfg, e.kernel, args));
+    const ClusterLaunch cl(e, grid, stream);
+    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cl.cfg, e.kernel, args));
     g_cluster_launches.fetch_add(1);
     return;
   }

@@ -1394,7 +1394,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // memory (one round of S·3 independent loads per element); a second barrier keeps each
     // block's partial alive until all have read it. No workspace, no fence, no counter.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    constexpr int kMaxCluster = 16;
+    constexpr int kMaxCluster = kAttnMaxClusterSplits;
     cluster_sync_all();
     stamp(6);
     const int n_el = live_rows * D, per = (n_el + S - 1) / S;

@@ -97,6 +97,9 @@ struct AttnParams {
   int cluster_launch = 0;
 };
 constexpr int kAttnProfSlots = 10;
+/// Largest cluster (splits per segment) the kernel's cluster merge holds; 9..16 are
+/// non-portable cluster sizes on sm_90.
+constexpr int kAttnMaxClusterSplits = 16;
 
 /// Which compiled configuration serves (head_dim, key spec, value spec, rows per chunk).
 struct AttnConfigKey {

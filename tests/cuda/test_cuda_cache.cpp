@@ -440,6 +440,82 @@ TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
               run, clustered, major * 10, worst, worst_diff);
 }
 
+/// One decode_step captured in a CUDA graph over a CPU twin: prefix of P tokens, reserve and
+/// plan for `steps` more, fp16 step tensors. replay() runs the steps (fresh q, k, v each),
+/// comparing every step's output with the oracle on the CPU cache (codebook format fmt).
+struct GraphDecodeRig {
+  int B = 0, H = 0, G = 0, D = 0, P = 0, steps = 0;
+  CodebookFormat fmt = CodebookFormat::F16;
+  cudaStream_t stream = nullptr;
+  std::unique_ptr<VecInferKVCache> cpu;
+  std::unique_ptr<KVCache> gpu_owner;
+  CudaKVCache* gpu = nullptr;
+  Tensor dq, dk, dv, dout;
+  SdpaParams p;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  long long captured_clusters = 0;  ///< cluster launches recorded by the capture
+
+  void init(const KVCacheConfig& c, int batch, int groups, int prefix, int n_steps, std::mt19937_64& rng) {
+    B = batch, H = c.n_kv_heads, G = groups, D = c.head_dim, P = prefix, steps = n_steps;
+    fmt = c.attention_codebooks;
+    ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+    cpu = std::make_unique<VecInferKVCache>(c);
+    KVCacheConfig cc = on_cuda(c);
+    cc.stream = stream;
+    gpu_owner = KVCacheFactory::create(cc);
+    gpu = as_cuda(gpu_owner.get());
+    Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
+    cpu->update(k.view(), v.view());
+    gpu->update(to_device(k).view(), to_device(v).view());
+    gpu->reserve(P + steps);
+    gpu->plan_decode(H * G, 1, P + steps);
+    dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+    dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+    dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+    dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+    const long long before = cuda::attn_cluster_launches();
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    captured_clusters = cuda::attn_cluster_launches() - before;
+    EXPECT_EQ(gpu->offset(), P) << "capturing must not advance the host lengths";
+  }
+
+  /// Replays the graph `steps` times, each step's NMSE EXPECTed under kAttnNmse (the worst into
+  /// *worst), then checks that the device lengths advanced by `steps` without an error.
+  void replay(std::mt19937_64& rng, double* worst) {
+    *worst = 0;
+    for (int st = 0; st < steps; ++st) {
+      Tensor q = random_tensor({B, H * G, 1, D}, DType::F16, rng);
+      Tensor kn = random_tensor({B, H, 1, D}, DType::F16, rng), vn = random_tensor({B, H, 1, D}, DType::F16, rng);
+      ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), size_t(q.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dk.data(), kn.data(), size_t(kn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dv.data(), vn.data(), size_t(vn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+      cpu->update(kn.view(), vn.view());
+      Tensor want = Tensor::empty(q.sizes(), DType::F32);
+      ProductQuantizer kq, vq;
+      vecinfer_attention_ref(oracle_inputs(*cpu, fmt, kq, vq), q.view(), want.view(), p);
+      const double e = nmse(floats(dout), want.to_vector_f32());
+      EXPECT_LE(e, kAttnNmse) << "step " << st;
+      *worst = std::max(*worst, e);
+    }
+    gpu->sync_seq_lens();
+    EXPECT_EQ(gpu->offset(), P + steps);
+    EXPECT_FALSE(gpu->device_error());
+  }
+
+  ~GraphDecodeRig() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    gpu_owner.reset();
+    if (stream) cudaStreamDestroy(stream);
+  }
+};
+
 // A captured decode step whose attention splits (8 segments x 5 splits): on sm_90 it is
 // captured as a cluster launch (the other graph tests plan one split), replayed, and must
 // match the CPU oracle at every step.
@@ -447,62 +523,20 @@ TEST(CudaDecode, GraphCapturedSplitStepsMatchTheOracle) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(47);
   const Spec s{4, 8, 4, 8};
-  const int B = 1, H = 8, G = 4, D = 128, P = 2600, steps = 12;
-  cudaStream_t stream;
-  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-  KVCacheConfig c = vq_config(s, CacheMode::MemoryBound, D, 128, H, rng);
-  VecInferKVCache cpu(c);
-  KVCacheConfig cc = on_cuda(c);
-  cc.stream = stream;
-  auto gpu_owner = KVCacheFactory::create(cc);
-  CudaKVCache* gpu = as_cuda(gpu_owner.get());
-  Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
-  cpu.update(k.view(), v.view());
-  gpu->update(to_device(k).view(), to_device(v).view());
-  gpu->reserve(P + steps);
-  gpu->plan_decode(H * G, 1, P + steps);
-  Tensor dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
-  Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
-  Tensor dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
-  Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
-  SdpaParams p;
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  const long long before = cuda::attn_cluster_launches();
-  cudaGraph_t graph;
-  cudaGraphExec_t exec;
-  ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-  gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
-  ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-  const long long clustered = cuda::attn_cluster_launches() - before;
-  if (major >= 9) EXPECT_EQ(clustered, 1) << "the captured split attention should be a cluster launch on sm_" << major << "x";
+  GraphDecodeRig rig;
+  rig.init(vq_config(s, CacheMode::MemoryBound, 128, 128, 8, rng), 1, 4, 2600, 12, rng);
+  if (HasFatalFailure()) return;
+  if (major >= 9)
+    EXPECT_EQ(rig.captured_clusters, 1) << "the captured split attention should be a cluster launch on sm_" << major
+                                        << "x";
   double worst = 0;
-  for (int st = 0; st < steps; ++st) {
-    Tensor q = random_tensor({B, H * G, 1, D}, DType::F16, rng);
-    Tensor kn = random_tensor({B, H, 1, D}, DType::F16, rng), vn = random_tensor({B, H, 1, D}, DType::F16, rng);
-    ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), size_t(q.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dk.data(), kn.data(), size_t(kn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaMemcpy(dv.data(), vn.data(), size_t(vn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-    ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-    ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-    cpu.update(kn.view(), vn.view());
-    Tensor want = Tensor::empty(q.sizes(), DType::F32);
-    vecinfer_attention_ref(cpu.attention_inputs(), q.view(), want.view(), p);
-    const double e = nmse(floats(dout), want.to_vector_f32());
-    EXPECT_LE(e, kAttnNmse) << "step " << st;
-    worst = std::max(worst, e);
-  }
-  gpu->sync_seq_lens();
-  EXPECT_EQ(gpu->offset(), P + steps);
-  EXPECT_FALSE(gpu->device_error());
+  rig.replay(rng, &worst);
+  if (HasFatalFailure()) return;
   std::printf("[cuda graph split] d4b8/d4b8 1x%d kv heads, %d replayed steps, %lld clustered launch(es) captured, "
               "worst NMSE %.3g\n",
-              H, steps, clustered, worst);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  gpu_owner.reset();
-  cudaStreamDestroy(stream);
+              rig.H, rig.steps, rig.captured_clusters, worst);
 }
 
 // ------------------------------------------------------------------------------------------
@@ -618,70 +652,25 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
     for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash})
     for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
       SCOPED_TRACE(s.str() + " " + cache_mode_name(mode) + " " + codebook_format_name(fmt));
-      const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 40;
-      cudaStream_t stream;
-      ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
-      KVCacheConfig c = vq_config(s, mode, D, 32, H, rng);
+      KVCacheConfig c = vq_config(s, mode, 128, 32, 2, rng);
       c.attention_codebooks = fmt;
-      VecInferKVCache cpu(c);
-      KVCacheConfig cc = on_cuda(c);
-      cc.stream = stream;
-      auto gpu_owner = KVCacheFactory::create(cc);
-      CudaKVCache* gpu = as_cuda(gpu_owner.get());
-      Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
-      cpu.update(k.view(), v.view());
-      gpu->update(to_device(k).view(), to_device(v).view());
-      gpu->reserve(P + steps);
-      gpu->plan_decode(H * G, 1, P + steps);
-      Tensor dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
-      Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
-      Tensor dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
-      Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
-      SdpaParams p;
-      cudaGraph_t graph;
-      cudaGraphExec_t exec;
-      ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
-      gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
-      ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
-      ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
-      EXPECT_EQ(gpu->offset(), P) << "capturing must not advance the host lengths";
+      GraphDecodeRig rig;
+      rig.init(c, 2, 4, 300, 40, rng);
+      if (HasFatalFailure()) return;
       double worst = 0;
-      for (int st = 0; st < steps; ++st) {
-        Tensor q = random_tensor({B, H * G, 1, D}, DType::F16, rng);
-        Tensor kn = random_tensor({B, H, 1, D}, DType::F16, rng), vn = random_tensor({B, H, 1, D}, DType::F16, rng);
-        ASSERT_EQ(cudaMemcpy(dq.data(), q.data(), size_t(q.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dk.data(), kn.data(), size_t(kn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaMemcpy(dv.data(), vn.data(), size_t(vn.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-        ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
-        ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
-        cpu.update(kn.view(), vn.view());
-        Tensor want = Tensor::empty(q.sizes(), DType::F32);
-        ProductQuantizer kq, vq;
-        vecinfer_attention_ref(oracle_inputs(cpu, fmt, kq, vq), q.view(), want.view(), p);
-        const double e = nmse(floats(dout), want.to_vector_f32());
-        EXPECT_LE(e, kAttnNmse) << "step " << st;
-        worst = std::max(worst, e);
-      }
-      gpu->sync_seq_lens();
-      EXPECT_EQ(gpu->offset(), P + steps);
-      EXPECT_FALSE(gpu->device_error());
+      rig.replay(rng, &worst);
+      if (HasFatalFailure()) return;
       // the codes written by the replays equal the CPU cache's (up to near ties)
       Tensor gk, ck;
-      for (const auto& [n, t] : gpu->state())
+      for (const auto& [n, t] : rig.gpu->state())
         if (n == "key_codes") gk = t;
-      ck = cpu.key_codes();
-      std::vector<float> all = encoder_inputs(k, &cpu.key_transform());
-      (void)all;
+      ck = rig.cpu->key_codes();
       ASSERT_EQ(gk.sizes(), ck.sizes());
       int64_t diff = 0;
       for (int64_t i = 0; i < gk.numel(); ++i) diff += gk.ptr<uint8_t>()[i] != ck.ptr<uint8_t>()[i];
       EXPECT_LE(diff, 4) << "code bytes differing after the replays";
       std::printf("[cuda graph] %s %s %s codebooks: %d replayed steps, worst NMSE %.3g, %lld code bytes differ\n",
-                  s.str().c_str(), cache_mode_name(mode), codebook_format_name(fmt), steps, worst, (long long)diff);
-      cudaGraphExecDestroy(exec);
-      cudaGraphDestroy(graph);
-      gpu_owner.reset();
-      cudaStreamDestroy(stream);
+                  s.str().c_str(), cache_mode_name(mode), codebook_format_name(fmt), rig.steps, worst, (long long)diff);
     }
 }
 
