@@ -3,27 +3,28 @@
 #include "cuda/attn_configs.h"
 
 namespace veloxquant::cuda {
-// fp16 and E4M3 codebooks: warp tiles of 2 k-tiles, 16 warps, 3 ring stages; int8 keys: 4
-// k-tiles, 8 warps, 3 stages (run 22, same run: 39.6 / 66.6 / 237.1 us against 40.9 / 66.6 /
-// 240.5 us with the fp16 shape at 1x131072 / 8x32768 / 64x16384), without the two-blocks kernel
-// below (248.9 us at 64 x 16384 for int8 keys)
+// fp16 codebooks and int8 keys (and values): warp tiles of 4 k-tiles, 8 warps, 3 ring stages.
+// fp16 moved to this shape in run 45 (same run, variants table: 42.2 / 68.7 / 258.0 us against
+// 43.9 / 72.4 / 270.2 us for 2 k-tiles at 16 warps and 271.7 us for the two-blocks kernel at
+// 64 x 16384): the 16-warp kernel needs ~165 registers, is capped at 128 and spilled; at 8 warps
+// the 4-k-tile kernel holds 218 without spilling. E4M3 keeps 2 k-tiles at 16 warps (128
+// registers, no spill). Int8 keys: run 22 (39.6 / 66.6 / 237.1 us against 40.9 / 66.6 / 240.5
+// us with the 16-warp shape, 248.9 us for the two-blocks kernel at 64 x 16384).
 void attn_register_k4b8_v4b8(std::vector<AttnEntry>& out) {
-  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 0)
+  VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 0)
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 2, 16, 3, 1)
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 2)
   VQ_ATTN_ENTRIES_F(4, 8, 4, 8, 4, 8, 3, 3)  // int8 keys and values: the int8-key shape
 }
-// Large batches (every (batch, kv head) its own block, two waves of blocks or more): 8 warps
-// and two blocks per multiprocessor, so one block's setup and tail overlap the other's
-// streaming (docs/cuda-notes.md, run 12: 268.7 vs 291.0 us at 64 x 16384, same run).
-// Its shared-memory budget must still buy every lane its own codebook copy (16 of each): one
-// more KB of query buffers once cost it half the value copies and 23% at 64 x 16384 (run 20).
-static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>::kRK == 16 && AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>::kRV == 16,
-              "the two-blocks-per-SM d4b8 kernel lost conflict-free codebook replication");
+// Large batches (every (batch, kv head) its own block, two waves of blocks or more), E4M3
+// codebooks: 8 warps and two blocks per multiprocessor, so one block's setup and tail overlap the
+// other's streaming (docs/cuda-notes.md, run 12: 268.7 vs 291.0 us at 64 x 16384 for fp16 then,
+// same run). Its shared-memory budget must still buy every lane its own codebook copy: one more
+// KB of query buffers once cost it half the value copies and 23% at 64 x 16384 (run 20). fp16
+// codebooks have no two-blocks kernel since run 45 (the 8-warp, 4-k-tile kernel is faster).
+static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>::kRK == 32 && AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>::kRV == 32,
+              "the two-blocks-per-SM d4b8 E4M3 kernel lost conflict-free codebook replication");
 void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
-  AttnEntry e = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2>();
-  e.wide = 1;
-  out.push_back(e);
   AttnEntry f = attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1>();  // E4M3 codebooks
   f.wide = 1;
   out.push_back(f);
