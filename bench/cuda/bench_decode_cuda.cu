@@ -30,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "core/pq_grid.h"
 #include "cuda/kernels.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/pq.h"
@@ -604,11 +605,31 @@ int main(int argc, char** argv) {
       e.residual_length = 0;
       e.error_flag = err;
       e.sides = side;
-      // every bulk kernel (EncodeParams::bulk_variant: 1 default, 2 eight slots per lane, 0 the
-      // previous kernel) on the same data, back to back: same-run ratios
+      // the codebook's candidate grid (sub_dim 4, <= 256 centroids: src/core/pq_grid.h), as the
+      // caches build it
+      const auto grid = detail::shared_candidate_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
+      uint32_t *g_cells = nullptr, *g_lists = nullptr;
+      cuda::EncodeGrid eg;
+      if (grid) {
+        CK(cudaMalloc(&g_cells, grid->cells.size() * 4));
+        CK(cudaMalloc(&g_lists, std::max<size_t>(grid->lists.size(), 1) * 4));
+        CK(cudaMemcpy(g_cells, grid->cells.data(), grid->cells.size() * 4, cudaMemcpyHostToDevice));
+        CK(cudaMemcpy(g_lists, grid->lists.data(), grid->lists.size() * 4, cudaMemcpyHostToDevice));
+        eg.cells = g_cells, eg.lists = g_lists, eg.g = grid->g;
+        for (int j = 0; j < 4; ++j)
+          eg.lo[j] = grid->lo[j], eg.inv_w[j] = grid->inv_w[j], eg.far_lo[j] = grid->far_lo[j], eg.far_hi[j] = grid->far_hi[j];
+        std::printf("encode %s d%db%d: candidate grid %d^4 cells, %.1f candidates per cell (max %d), %zu KB\n",
+                    side == 1 ? "keys" : "values", sub, bits, grid->g, grid->mean_candidates, grid->max_candidates,
+                    (grid->cells.size() + grid->lists.size()) * 4 / 1024);
+      }
+      // every bulk kernel (EncodeParams::bulk_variant: 1 default — with the candidate grid where
+      // the codebook has one ("grid"), else the v2 scan; 2 eight slots per lane, 0 the previous
+      // kernel) on the same data, back to back: same-run ratios
       std::vector<uint8_t> first_all;  // the whole code buffer of the first variant
-      for (const int variant : {1, 2, 0}) {
-      e.bulk_variant = variant;
+      for (const int variant : {3, 1, 2, 0}) {
+      if (variant == 3 && !grid) continue;
+      e.bulk_variant = variant == 3 ? 1 : variant;
+      e.k_grid = e.v_grid = variant == 3 ? eg : cuda::EncodeGrid{};
       CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
       cuda::encode_launch(e, false, nullptr);
       CK(cudaDeviceSynchronize());
@@ -674,7 +695,7 @@ int main(int argc, char** argv) {
         same_dec &= std::memcmp(c_one.data() + bh * n * rs, c_sliced.data() + bh * n * rs, rs) == 0;
       for (void* ptr : {(void*)ws_best, (void*)ws_code, (void*)ws_count}) cudaFree(ptr);
       const std::string nm = std::string(side == 1 ? "keys " : "values ") + "d" + std::to_string(sub) + "b" +
-                             std::to_string(bits) + " v" + std::to_string(variant);
+                             std::to_string(bits) + (variant == 3 ? " grid" : " v" + std::to_string(variant));
       std::printf("encode %-17s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder; "
                   "all %d rows %s the first variant's); decode step (64 token-heads): %.1f us, with the "
                   "workspace (up to %d blocks per group, as the caches): %.1f us (codes %s)\n",
@@ -683,7 +704,9 @@ int main(int argc, char** argv) {
       enc_rows.push_back({nm, rate});
       all_valid &= bad == 0 && same_all && same_dec;
       }
-      for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
+      for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err, (void*)g_cells,
+                        (void*)g_lists})
+        cudaFree(ptr);
     }
 
   // ---- one decode step through the cache API, captured in a graph --------------------------

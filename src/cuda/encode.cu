@@ -497,9 +497,17 @@ __device__ __forceinline__ Pos pos_after(Pos q, int tt, int n_kv_heads, int n) {
   return q;
 }
 
-template <int D, int SD, int SPL>
+//  * GRID (sub_dim 4, <= 256 centroids, EncodeParams::k_grid / v_grid set): no scan. The
+//    sub-vector's cell of the codebook's candidate grid (src/core/pq_grid.h) lists every centroid
+//    that can be the oracle's answer for it; the lane re-ranks that list (~10 of 256 on Gaussian
+//    data) with the oracle's own arithmetic, ascending with strict <, so the code is the oracle's.
+//    Points without a cell (outside the grid's far box) scan the whole codebook with the oracle.
+//    The parameters are __grid_constant__ so the grid can be read in place (a reference into an
+//    ordinary kernel parameter makes a local copy of the whole struct: 156 bytes of spills).
+template <int D, int SD, int SPL, bool GRID = false>
 __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL * SD <= 32 ? 2 : 1))
-    vq_encode_bulk_kernel(const EncodeParams p) {
+    vq_encode_bulk_kernel(const __grid_constant__ EncodeParams p) {
+  static_assert(!GRID || SD == 4, "the candidate grid is built for sub_dim 4");
   constexpr int kNSub = D / SD;
   constexpr int TPJ = 32 * SPL / kNSub;
   constexpr int kChunk = 8;
@@ -516,7 +524,7 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
   float* const s_x = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub);  // [warps][TPJ][D] (deq only)
   for (int i = tid; i < nC * SD / 4; i += 256) {
     float4 f = reinterpret_cast<const float4*>(sd.cb)[i];
-    f.x *= 2.0f, f.y *= 2.0f, f.z *= 2.0f, f.w *= 2.0f;
+    if constexpr (!GRID) f.x *= 2.0f, f.y *= 2.0f, f.z *= 2.0f, f.w *= 2.0f;  // GRID: the centroids as they are
     reinterpret_cast<float4*>(s_cb2)[i] = f;
   }
   __shared__ int s_nmin;  // min_c ||c||² (non-negative floats compare as their bits)
@@ -631,112 +639,153 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
 #pragma unroll
         for (int j = 0; j < SD; ++j) x[s][j] = __fmul_rn(x[s][j], sc);
     }
-    // 3. the lane's offset (from its live, finite, not huge slots)
-    float xn = 0.0f;
+    if constexpr (GRID) {
+      // 3–5 with the candidate grid: the cell, then its list re-ranked with the oracle
+      const EncodeGrid& gd = keys ? p.k_grid : p.v_grid;
+#pragma unroll 1
+      for (int s = 0; s < SPL; ++s) {
+        int code = 0;
+        bool fin = live[s];
 #pragma unroll
-    for (int s = 0; s < SPL; ++s) {
-      float n2 = 0.0f;
+        for (int j = 0; j < SD; ++j) fin &= isfinite(x[s][j]);
+        if (fin) {
+          int cell = 0;
+          bool in = gd.cells != nullptr;
 #pragma unroll
-      for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2);
-      const float r = sqrtf(n2) + cmax;
-      if (live[s] && r * r < 1e36f) xn = fmaxf(xn, sqrtf(n2));
-    }
-    // O + max_c(2x·c − ||c||²) = O + ||x||² − min_c||x − c||² ≥ O − 2||x||·cmin − cmin², so this O
-    // keeps the best score of every slot ≥ 2||x||·cmin + cmin² + 1e-3·R² > the margin
-    const float off = 2.0f * (2.0f * xn * cmin + cmin * cmin) + 1e-3f * (xn + cmax) * (xn + cmax);
-    // 4. scan: chunk maxima of O + 2x·c − ||c||² as integers, the best two chunks as keys
-    int m1[SPL], m2[SPL];
+          for (int j = SD - 1; j >= 0; --j) {
+            const float xv = x[s][j];
+            in &= xv >= gd.far_lo[j] && xv <= gd.far_hi[j];
+            const int t = __float2int_rd(__fmul_rn(__fsub_rn(xv, gd.lo[j]), gd.inv_w[j]));
+            cell = cell * gd.g + min(max(t, 0), gd.g - 1);
+          }
+          float bst = INFINITY;
+          if (in) {
+            const uint32_t cw = __ldg(gd.cells + cell), first = cw >> 9, cnt = cw & 511u;
+            for (uint32_t i = 0; i < cnt; i += 4) {
+              const uint32_t w = __ldg(gd.lists + first + i / 4);
 #pragma unroll
-    for (int s = 0; s < SPL; ++s) m1[s] = m2[s] = INT_MIN;
-    const float4* const nn4 = reinterpret_cast<const float4*>(s_nn);
-#pragma unroll(SPL >= 8 ? 2 : 1)
-    for (int ch = 0, k = 0; ch < nC; ch += kChunk, ++k) {
-      const float4 na = nn4[ch / 4], nb = nn4[ch / 4 + 1];
-      const float no[kChunk] = {__fadd_rn(na.x, off), __fadd_rn(na.y, off), __fadd_rn(na.z, off), __fadd_rn(na.w, off),
-                                __fadd_rn(nb.x, off), __fadd_rn(nb.y, off), __fadd_rn(nb.z, off), __fadd_rn(nb.w, off)};
-      int cm[SPL];
-#pragma unroll
-      for (int c = 0; c < kChunk; c += 2) {
-        float v0[SD], v1[SD];
-        load_centroid<SD>(s_cb2, ch + c, v0);
-        load_centroid<SD>(s_cb2, ch + c + 1, v1);
-#pragma unroll
-        for (int s = 0; s < SPL; ++s) {
-          float a = no[c], b = no[c + 1];
-#pragma unroll
-          for (int j = 0; j < SD; ++j) a = __fmaf_rn(x[s][j], v0[j], a), b = __fmaf_rn(x[s][j], v1[j], b);
-          const int ia = __float_as_int(a), ib = __float_as_int(b);
-          cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
+              for (int q = 0; q < 4; ++q) {  // a run's padding repeats its last index: no effect
+                const int c = int((w >> (8 * q)) & 255u);
+                float v[SD];
+                load_centroid<SD>(s_cb2, c, v);
+                const float e = oracle_dist<SD>(x[s], v);
+                if (e < bst) bst = e, code = c;
+              }
+            }
+          } else {
+            oracle_scan<SD>(x[s], s_cb2, 0, nC, bst, code);
+          }
         }
+        cc[s * 32 + lane] = uint32_t(code);
       }
+    } else {
+      // 3. the lane's offset (from its live, finite, not huge slots)
+      float xn = 0.0f;
 #pragma unroll
       for (int s = 0; s < SPL; ++s) {
-        const int key = (cm[s] & ~idmask) | k;
-        const int lo = min(m1[s], key);
-        m1[s] = max(m1[s], key);
-        m2[s] = max(m2[s], lo);
-      }
-    }
-    // 5. candidates and the exact answer
-#pragma unroll
-    for (int s = 0; s < SPL; ++s) {
-      int code = 0;
-      if (live[s]) {
         float n2 = 0.0f;
-        bool finite = true;
 #pragma unroll
-        for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2), finite &= isfinite(x[s][j]);
-        const float r = sqrtf(n2) + cmax, r2 = r * r;
-        if (finite) {
-          bool full = !(r2 < 1e36f);
-          if (!full) {
-            // twice the first-order bound: fast scores err ≤ (2d+2)·u·(O + R²) each, oracle
-            // distances ≤ (d+2)·u·R² each, + u·(O + R²) for rounding thr
-            const float margin =
-                5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) + 1e-30f;
-            const float thr = __int_as_float(m1[s] & ~idmask) - margin;
-            const bool others_out = m2[s] < 0 ? thr >= 0.0f : __int_as_float(m2[s] | idmask) < thr;
-            full = !(m1[s] >= 0 && others_out);
-            if (!full) {
-              const int ch = (m1[s] & idmask) * kChunk;
-              uint32_t mask = 0;
+        for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2);
+        const float r = sqrtf(n2) + cmax;
+        if (live[s] && r * r < 1e36f) xn = fmaxf(xn, sqrtf(n2));
+      }
+      // O + max_c(2x·c − ||c||²) = O + ||x||² − min_c||x − c||² ≥ O − 2||x||·cmin − cmin², so this O
+      // keeps the best score of every slot ≥ 2||x||·cmin + cmin² + 1e-3·R² > the margin
+      const float off = 2.0f * (2.0f * xn * cmin + cmin * cmin) + 1e-3f * (xn + cmax) * (xn + cmax);
+      // 4. scan: chunk maxima of O + 2x·c − ||c||² as integers, the best two chunks as keys
+      int m1[SPL], m2[SPL];
 #pragma unroll
-              for (int c = 0; c < kChunk; ++c) {
-                const float sc = fast_score<SD>(x[s], s_cb2, ch + c, __fadd_rn(s_nn[ch + c], off));
-                mask |= uint32_t(sc >= thr) << c;
-              }
-              if (__popc(mask) == 1) {
-                code = ch + __ffs(mask) - 1;
-              } else {
-                float bst = INFINITY;
-                code = ch;
-                oracle_scan<SD>(x[s], sd.cb, ch, ch + kChunk, bst, code);
-              }
-            }
+      for (int s = 0; s < SPL; ++s) m1[s] = m2[s] = INT_MIN;
+      const float4* const nn4 = reinterpret_cast<const float4*>(s_nn);
+#pragma unroll(SPL >= 8 ? 2 : 1)
+      for (int ch = 0, k = 0; ch < nC; ch += kChunk, ++k) {
+        const float4 na = nn4[ch / 4], nb = nn4[ch / 4 + 1];
+        const float no[kChunk] = {__fadd_rn(na.x, off), __fadd_rn(na.y, off), __fadd_rn(na.z, off), __fadd_rn(na.w, off),
+                                  __fadd_rn(nb.x, off), __fadd_rn(nb.y, off), __fadd_rn(nb.z, off), __fadd_rn(nb.w, off)};
+        int cm[SPL];
+#pragma unroll
+        for (int c = 0; c < kChunk; c += 2) {
+          float v0[SD], v1[SD];
+          load_centroid<SD>(s_cb2, ch + c, v0);
+          load_centroid<SD>(s_cb2, ch + c + 1, v1);
+#pragma unroll
+          for (int s = 0; s < SPL; ++s) {
+            float a = no[c], b = no[c + 1];
+#pragma unroll
+            for (int j = 0; j < SD; ++j) a = __fmaf_rn(x[s][j], v0[j], a), b = __fmaf_rn(x[s][j], v1[j], b);
+            const int ia = __float_as_int(a), ib = __float_as_int(b);
+            cm[s] = c == 0 ? max(ia, ib) : max(max(cm[s], ia), ib);
           }
-          if (full) {
-            float bst = INFINITY;
-            code = 0;
-            const float thr = __int_as_float(m1[s] & ~idmask) -
-                              5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) - 1e-30f;
-            if (r2 < 1e36f && m1[s] >= 0) {  // thr is then below the best fast score
-              // every centroid within the margin, by its fast score, re-ranked by the oracle (ascending
-              // index, strict <: ties to the lowest)
-              for (int c = 0; c < nC; ++c) {
-                if (fast_score<SD>(x[s], s_cb2, c, __fadd_rn(s_nn[c], off)) >= thr) {
-                  float v[SD];
-                  load_centroid<SD>(sd.cb, c, v);
-                  const float e = oracle_dist<SD>(x[s], v);
-                  if (e < bst) bst = e, code = c;
+        }
+#pragma unroll
+        for (int s = 0; s < SPL; ++s) {
+          const int key = (cm[s] & ~idmask) | k;
+          const int lo = min(m1[s], key);
+          m1[s] = max(m1[s], key);
+          m2[s] = max(m2[s], lo);
+        }
+      }
+      // 5. candidates and the exact answer
+#pragma unroll
+      for (int s = 0; s < SPL; ++s) {
+        int code = 0;
+        if (live[s]) {
+          float n2 = 0.0f;
+          bool finite = true;
+#pragma unroll
+          for (int j = 0; j < SD; ++j) n2 = fmaf(x[s][j], x[s][j], n2), finite &= isfinite(x[s][j]);
+          const float r = sqrtf(n2) + cmax, r2 = r * r;
+          if (finite) {
+            bool full = !(r2 < 1e36f);
+            if (!full) {
+              // twice the first-order bound: fast scores err ≤ (2d+2)·u·(O + R²) each, oracle
+              // distances ≤ (d+2)·u·R² each, + u·(O + R²) for rounding thr
+              const float margin =
+                  5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) + 1e-30f;
+              const float thr = __int_as_float(m1[s] & ~idmask) - margin;
+              const bool others_out = m2[s] < 0 ? thr >= 0.0f : __int_as_float(m2[s] | idmask) < thr;
+              full = !(m1[s] >= 0 && others_out);
+              if (!full) {
+                const int ch = (m1[s] & idmask) * kChunk;
+                uint32_t mask = 0;
+#pragma unroll
+                for (int c = 0; c < kChunk; ++c) {
+                  const float sc = fast_score<SD>(x[s], s_cb2, ch + c, __fadd_rn(s_nn[ch + c], off));
+                  mask |= uint32_t(sc >= thr) << c;
+                }
+                if (__popc(mask) == 1) {
+                  code = ch + __ffs(mask) - 1;
+                } else {
+                  float bst = INFINITY;
+                  code = ch;
+                  oracle_scan<SD>(x[s], sd.cb, ch, ch + kChunk, bst, code);
                 }
               }
-            } else {
-              oracle_scan<SD>(x[s], sd.cb, 0, nC, bst, code);
+            }
+            if (full) {
+              float bst = INFINITY;
+              code = 0;
+              const float thr = __int_as_float(m1[s] & ~idmask) -
+                                5.9604645e-8f * (float(12 * SD + 17) * r2 + float(8 * SD + 9) * off) - 1e-30f;
+              if (r2 < 1e36f && m1[s] >= 0) {  // thr is then below the best fast score
+                // every centroid within the margin, by its fast score, re-ranked by the oracle (ascending
+                // index, strict <: ties to the lowest)
+                for (int c = 0; c < nC; ++c) {
+                  if (fast_score<SD>(x[s], s_cb2, c, __fadd_rn(s_nn[c], off)) >= thr) {
+                    float v[SD];
+                    load_centroid<SD>(sd.cb, c, v);
+                    const float e = oracle_dist<SD>(x[s], v);
+                    if (e < bst) bst = e, code = c;
+                  }
+                }
+              } else {
+                oracle_scan<SD>(x[s], sd.cb, 0, nC, bst, code);
+              }
             }
           }
         }
+        cc[s * 32 + lane] = uint32_t(code);
       }
-      cc[s * 32 + lane] = uint32_t(code);
     }
     __syncwarp();
     // 6. code rows: lanes own (token, word) pairs
@@ -960,14 +1009,14 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-template <int D, int SD, int SPL>
+template <int D, int SD, int SPL, bool GRID = false>
 void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
   const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
                                                         : (p.k_sub == SD ? p.k_bits : p.v_bits));
   const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * kNSub * 4 +
                       (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0);
-  auto kern = vq_encode_bulk_kernel<D, SD, SPL>;
+  auto kern = vq_encode_bulk_kernel<D, SD, SPL, GRID>;
   static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
   int dev = 0;
   VQ_CUDA_CHECK(cudaGetDevice(&dev));
@@ -991,8 +1040,17 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kNSub = D / SD;
   constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
   constexpr int kSplBulk = 4;  // sub-vectors per lane (8 measured slower: run 2)
-  if (decode_mode && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) >= 64) encode_t<D, SD, kSplDec, 8>(p, s);
-  else if (p.bulk_variant == 1 && (1 << (p.k_sub == SD ? p.k_bits : p.v_bits)) <= 256)
+  const int bits = p.k_sub == SD ? p.k_bits : p.v_bits;
+  // decode steps keep the split scan: the grid kernel (one warp per token group) took 17.3 us
+  // for 64 token-heads against its 11.5 us, and the graph step 65.6 against 53.1 (run 47)
+  if (decode_mode && (1 << bits) >= 64) return encode_t<D, SD, kSplDec, 8>(p, s);
+  if constexpr (SD == 4) {
+    // the grid kernel when every side of this sub_dim has a grid (a side without one would scan
+    // its whole codebook with the oracle there)
+    const bool grid = (p.k_sub != SD || p.k_grid.cells) && (p.v_sub != SD || p.v_grid.cells);
+    if (grid && p.bulk_variant == 1) return encode_bulk_t<D, SD, kSplBulk, true>(p, s);
+  }
+  if (p.bulk_variant == 1 && (1 << bits) <= 256)
     encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
   else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
   else encode_t<D, SD, kSplBulk, 1>(p, s);

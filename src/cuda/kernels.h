@@ -153,6 +153,15 @@ int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm,
 // Encode: smooth scaling + FWHT (keys) + exact nearest centroid + packing, plus the window
 // rows and (Standard/Stash) the held fp16 K̂/V̂ rows.
 // ------------------------------------------------------------------------------------------
+/// Candidate grid of a sub_dim-4 codebook of <= 256 centroids (src/core/pq_grid.h), on the
+/// device: the bulk encoder re-ranks a sub-vector's cell list instead of scanning the codebook.
+struct EncodeGrid {
+  const uint32_t* cells = nullptr;  ///< g^4 words: (first list word << 9) | count; null: no grid
+  const uint32_t* lists = nullptr;  ///< candidate indices, 4 per word
+  int g = 0;
+  float lo[4] = {}, inv_w[4] = {}, far_lo[4] = {}, far_hi[4] = {};
+};
+
 struct EncodeParams {
   int batch = 0, n_kv_heads = 0, head_dim = 0, n_new = 0;
   DevTensor4 k, v;  ///< [batch, n_kv_heads, n_new, head_dim]
@@ -187,6 +196,8 @@ struct EncodeParams {
   int residual_length = 0;
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
   int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
+  EncodeGrid k_grid, v_grid;  ///< throughput mode, bulk_variant 1: every sub_dim-4 side with a grid
+                              ///< takes the grid kernel (same codes, no scan)
   int bulk_variant = 1;       ///< throughput mode only (decode mode always runs the split scan):
                               ///< 1 (default): codebooks of <= 256 centroids run the v2 kernel
                               ///< (transform in registers, packed chunk keys, per-lane score

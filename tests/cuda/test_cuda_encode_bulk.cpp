@@ -1,5 +1,5 @@
 // tests/cuda/test_cuda_encode_bulk.cpp — every bulk encode kernel (EncodeParams::bulk_variant
-// 0, 1, 2) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
+// 0, 1, 2, and 1 with the codebook's candidate grid) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
 // CPU encoder) and values (the CPU encoder alone): head_dim 64/128/256, sub_dim 4/8, 8/10/12-bit
 // codebooks, F16/BF16/F32 sources, contiguous and strided rows, a partial last warp job, rows of
 // very different norms. Codes must be bit-identical; the variants must agree with each other.
@@ -104,10 +104,16 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
     e.res_count = lens.ptr<int32_t>();
     e.error_flag = err.ptr<int>();
     e.sides = 3;
+    // variant 3: bulk_variant 1 with the codebook's candidate grid (sub_dim 4, <= 256 centroids)
+    const DeviceGrid dg = upload_grid(pq.codebook, pq.n_centroids, c.sub);
+    ASSERT_EQ(dg.grid.cells != nullptr, c.sub == 4 && c.bits <= 8) << "which codebooks get a grid";
+    std::vector<int> variants = {0, 1, 2};
+    if (dg.grid.cells) variants.push_back(3);
     std::vector<std::vector<uint8_t>> got_all;
-    for (const int variant : {0, 1, 2}) {
+    for (const int variant : variants) {
       SCOPED_TRACE("bulk_variant " + std::to_string(variant));
-      e.bulk_variant = variant;
+      e.bulk_variant = variant == 3 ? 1 : variant;
+      e.k_grid = e.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
       ASSERT_EQ(cudaMemset(kc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       ASSERT_EQ(cudaMemset(vc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       cuda::encode_launch(e, false, nullptr);
@@ -152,9 +158,10 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
       w.lambda = nullptr;  // identity: dequantized keys are FWHT(ĉ)·scale
       w.residual_length = R;
       std::vector<std::vector<uint16_t>> rows_all;
-      for (const int variant : {0, 1, 2}) {
+      for (const int variant : variants) {
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
-        w.bulk_variant = variant;
+        w.bulk_variant = variant == 3 ? 1 : variant;
+        w.k_grid = w.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(kw.data(), 0x7B, size_t(kw.nbytes())), cudaSuccess);
         ASSERT_EQ(cudaMemset(vw.data(), 0x7B, size_t(vw.nbytes())), cudaSuccess);
         cuda::encode_launch(w, false, nullptr);

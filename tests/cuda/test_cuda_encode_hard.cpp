@@ -1,5 +1,5 @@
-// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8-bit codes) against the
-// CPU encoder on inputs built to break it: exact centroids, exact
+// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8-bit codes; the scans and
+// the candidate grid's kernel) against the CPU encoder on inputs built to break it: exact centroids, exact
 // midpoints of two centroids, near-midpoints, duplicated centroids (exact ties), tiny, huge
 // and overflowing sub-vectors, zeros and non-finite entries. Codes must be bit-identical to
 // ProductQuantizer::encode (it caught the GPU's exact re-rank using FMA where the CPU does not).
@@ -91,9 +91,13 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.residual_length = 0;
       e.error_flag = err.ptr<int>();
       e.sides = 2;  // values: no transform, so the crafted sub-vectors reach the search as they are
-      for (const int variant : {0, 1, 2}) {  // every bulk kernel (EncodeParams::bulk_variant)
+      // the candidate grid (variant 3 below): inputs past its far box take the full oracle scan
+      const DeviceGrid dg = upload_grid(pq.codebook, 256, 4);
+      ASSERT_NE(dg.grid.cells, nullptr) << "a d4b8 codebook must get a candidate grid";
+      for (const int variant : {0, 1, 2, 3}) {  // every bulk kernel (EncodeParams::bulk_variant; 3: 1 + grid)
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
-        e.bulk_variant = variant;
+        e.bulk_variant = variant == 3 ? 1 : variant;
+        e.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
         cuda::encode_launch(e, false, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);

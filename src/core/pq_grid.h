@@ -1,0 +1,66 @@
+// src/core/pq_grid.h — candidate grid of a sub_dim-4 codebook: the exact nearest-centroid search
+// of the encoders, restricted per point to the few centroids that can win in its grid cell.
+//
+// Why. The CUDA bulk encoder scans every centroid for every sub-vector (~6 instructions per
+// (sub-vector, centroid) pair, docs/cuda-notes.md "Encode"); in 4 dimensions a point's nearest
+// centroid is one of a handful near it. A uniform g^4 grid over the codebook's bounding box lists,
+// per cell, every centroid that can be the oracle's answer (pq_encode_ref: f32 distances without
+// FMA, ties to the lowest index) for some point of the cell; the search then re-ranks only that
+// list with the oracle's arithmetic, in ascending index order with strict <, so its codes are the
+// oracle's, bit for bit.
+//
+// Why the lists are complete. Centroid c leaves cell B's list only if some c' beats it by a
+// relative margin everywhere in B: D_c(x) − (1 + δ)·D_c'(x) > ε at the 16 corners of B (D = exact
+// squared distance). That function is concave in x (its quadratic part is −δ·||x||²), so its
+// minimum over the box is at a corner, and it holds on all of B. The oracle's f32 distance of
+// d = 4 terms is within (d + 2)·2^-24 (relative) of D plus ~1e-44 absolute (underflow), so with
+// δ = 1e-5 ≫ 2·6·2^-24 and ε = 1e-42 the f32 distance of c' is strictly below c's: c cannot be the
+// answer, whatever the tie rule. Cells are enlarged by 1% of their width on every side (a point's
+// cell index is computed in f32, error < 1e-5 cells), the outer cells reach out to a far box
+// (4 spans of the codebook beyond it); points outside the far box, or with a non-finite
+// coordinate, have no cell and take the full scan.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+namespace veloxquant::detail {
+
+struct CandidateGrid {
+  int g = 0;  ///< cells per dimension (0: no grid)
+  /// cell index per dimension: t_j = floor((x_j − lo_j)·inv_w_j) in f32, clamped to [0, g − 1]
+  float lo[4] = {}, inv_w[4] = {};
+  /// points with far_lo_j <= x_j <= far_hi_j in every dimension have a cell
+  float far_lo[4] = {}, far_hi[4] = {};
+  /// per cell (index t0 + g·(t1 + g·(t2 + g·t3))): (first list word << 9) | candidate count
+  std::vector<uint32_t> cells;
+  /// candidate indices, ascending, 4 per word (byte i of word w = candidate 4w + i of the cell's
+  /// run); a cell's run is padded to whole words by repeating its last index (harmless: the
+  /// re-rank's strict < ignores a repeat)
+  std::vector<uint32_t> lists;
+  /// statistics of the build: mean candidates per cell, the largest list
+  double mean_candidates = 0;
+  int max_candidates = 0;
+};
+
+/// Builds the grid of a codebook [n_centroids, 4] with g cells per dimension (2..32). Returns a
+/// grid with g = 0 (the caller keeps the full scan) when the codebook is not sub_dim 4, has more
+/// than 256 centroids, holds a non-finite or huge (|c| > 1e15) value, or is degenerate (a
+/// dimension whose centroids all coincide).
+CandidateGrid build_candidate_grid(const float* codebook, int n_centroids, int sub_dim, int g);
+
+/// The grid the encoders use for a codebook: g = kDefaultGridCells, built once per distinct
+/// codebook per process (a cache per layer builds two, ~0.1 s each on two cores) and shared.
+/// Null where build_candidate_grid gives none.
+constexpr int kDefaultGridCells = 10;
+std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* codebook, int n_centroids, int sub_dim);
+
+/// The cell of x[4] (−1: no cell), exactly as the CUDA encoder computes it.
+int candidate_cell(const CandidateGrid& grid, const float* x);
+
+/// The encoder's answer for one sub-vector x[4] through the grid: equal to pq_encode_ref's code
+/// (points without a cell take the full oracle scan; a non-finite x gives 0).
+int grid_nearest(const CandidateGrid& grid, const float* codebook, int n_centroids, const float* x);
+
+}  // namespace veloxquant::detail

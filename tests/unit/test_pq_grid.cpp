@@ -1,0 +1,212 @@
+// Tests of the candidate grid (src/core/pq_grid.cpp) against the encoder's oracle: the grid's
+// answer must equal pq_encode_ref's code for every point (exact tier: the lists only narrow the
+// oracle's own scan), on random and adversarial codebooks and points.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <random>
+#include <vector>
+
+#include "core/pq_grid.h"
+#include "core/pq_internal.h"
+#include "veloxquant/pq.h"
+
+using namespace veloxquant;
+using detail::CandidateGrid;
+
+namespace {
+
+/// pq_encode_ref's rule for one sub-vector: ascending scan, strict <, 0 for a non-finite point.
+int oracle(const std::vector<float>& cb, const float* x) {
+  for (int j = 0; j < 4; ++j)
+    if (!std::isfinite(x[j])) return 0;
+  const int n = int(cb.size() / 4);
+  int best = 0;
+  float bd = detail::pq_sub_distance_ref(x, cb.data(), 4);
+  for (int c = 1; c < n; ++c) {
+    const float e = detail::pq_sub_distance_ref(x, cb.data() + size_t(c) * 4, 4);
+    if (e < bd) bd = e, best = c;
+  }
+  return best;
+}
+
+struct Book {
+  const char* name;
+  std::vector<float> cb;
+};
+
+std::vector<Book> codebooks() {
+  std::vector<Book> out;
+  {
+    ProductQuantizer pq(4, {4, 8});
+    pq.set_random_codebook(7);
+    out.push_back({"gaussian 256", pq.codebook});
+  }
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::uniform_real_distribution<float> ud(-1.0f, 1.0f);
+  {  // clustered: 16 tight clusters of 16 (many near-equal distances inside a cluster)
+    std::vector<float> cb;
+    for (int k = 0; k < 16; ++k) {
+      float m[4];
+      for (float& v : m) v = 3.0f * nd(rng);
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) cb.push_back(m[j] + 0.01f * nd(rng));
+    }
+    out.push_back({"clustered", cb});
+  }
+  {  // a lattice: exact ties everywhere between neighbours
+    std::vector<float> cb;
+    for (int i = 0; i < 256; ++i)
+      for (int j = 0; j < 4; ++j) cb.push_back(float((i >> (2 * j)) & 3) - 1.5f);
+    out.push_back({"lattice 4^4", cb});
+  }
+  {  // duplicates, a flat dimension, 16 entries
+    std::vector<float> cb;
+    for (int i = 0; i < 16; ++i) {
+      const int src = i % 5;  // entries 5.. repeat 0..4
+      std::mt19937 r2(src);
+      std::uniform_real_distribution<float> u2(-2.0f, 2.0f);
+      cb.push_back(u2(r2)), cb.push_back(u2(r2)), cb.push_back(0.25f), cb.push_back(u2(r2));
+    }
+    out.push_back({"duplicates, flat dim", cb});
+  }
+  for (float scale : {1e-18f, 1e9f}) {
+    std::vector<float> cb;
+    for (int i = 0; i < 256 * 4; ++i) cb.push_back(scale * ud(rng));
+    out.push_back({scale < 1 ? "tiny scale" : "huge scale", cb});
+  }
+  return out;
+}
+
+/// Points: the codebook's own entries, midpoints and near-midpoints of random pairs, cell
+/// boundaries, Gaussian points at the codebook's scale, far and non-finite points.
+std::vector<std::array<float, 4>> points(const std::vector<float>& cb, const CandidateGrid& grid, uint32_t seed) {
+  const int n = int(cb.size() / 4);
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> pick(0, n - 1);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  float scale = 0;
+  for (float v : cb) scale = std::max(scale, std::fabs(v));
+  std::vector<std::array<float, 4>> p;
+  for (int c = 0; c < n; ++c) p.push_back({cb[4 * c], cb[4 * c + 1], cb[4 * c + 2], cb[4 * c + 3]});
+  for (int i = 0; i < 3000; ++i) {
+    const int a = pick(rng), b = pick(rng);
+    std::array<float, 4> m;
+    for (int j = 0; j < 4; ++j) m[j] = 0.5f * (cb[4 * a + j] + cb[4 * b + j]);
+    p.push_back(m);
+    for (int j = 0; j < 4; ++j) m[j] = std::nextafter(m[j], (i & 1) ? INFINITY : -INFINITY);
+    p.push_back(m);
+  }
+  for (int i = 0; i < 20000; ++i) {
+    std::array<float, 4> x;
+    const float s = scale * ((i % 10 == 0) ? 3.0f : 0.6f);
+    for (float& v : x) v = s * nd(rng);
+    p.push_back(x);
+  }
+  if (grid.g > 0)
+    for (int i = 0; i < 3000; ++i) {  // on cell boundaries of the f32 index computation
+      std::array<float, 4> x;
+      for (int j = 0; j < 4; ++j) {
+        const int t = std::uniform_int_distribution<int>(0, grid.g)(rng);
+        x[j] = grid.lo[j] + float(t) / grid.inv_w[j];
+        if (i & 1) x[j] = std::nextafter(x[j], (i & 2) ? INFINITY : -INFINITY);
+      }
+      p.push_back(x);
+    }
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  p.push_back({0, 0, 0, 0});
+  p.push_back({1e30f, 0, 0, 0});
+  p.push_back({-1e30f, 1e30f, 0, 1});
+  p.push_back({20 * scale, -20 * scale, 0, 0});
+  p.push_back({inf, 0, 0, 0});
+  p.push_back({nan, 1, 2, 3});
+  if (grid.g > 0)
+    for (int j = 0; j < 4; ++j) {  // exactly at and just past the far box
+      std::array<float, 4> x = {grid.lo[0], grid.lo[1], grid.lo[2], grid.lo[3]};
+      x[j] = grid.far_hi[j];
+      p.push_back(x);
+      x[j] = std::nextafter(grid.far_hi[j], inf);
+      p.push_back(x);
+      x[j] = grid.far_lo[j];
+      p.push_back(x);
+    }
+  return p;
+}
+
+}  // namespace
+
+TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
+  int cases = 0;
+  for (const Book& b : codebooks()) {
+    const int n = int(b.cb.size() / 4);
+    for (int g : {2, 5, 8, 10}) {
+      const CandidateGrid grid = detail::build_candidate_grid(b.cb.data(), n, 4, g);
+      ASSERT_EQ(grid.g, g) << b.name;
+      ASSERT_EQ(grid.cells.size(), size_t(g) * g * g * g);
+      SCOPED_TRACE(std::string(b.name) + " g=" + std::to_string(g));
+      int64_t mism = 0, with_cell = 0, cand = 0;
+      for (const auto& x : points(b.cb, grid, uint32_t(g * 31 + n))) {
+        const int want = oracle(b.cb, x.data()), got = detail::grid_nearest(grid, b.cb.data(), n, x.data());
+        if (got != want && mism++ < 5)
+          ADD_FAILURE() << "x = (" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << "): grid " << got
+                        << ", oracle " << want;
+        const int cell = detail::candidate_cell(grid, x.data());
+        if (cell >= 0) ++with_cell, cand += grid.cells[size_t(cell)] & 511u;
+        ++cases;
+      }
+      EXPECT_EQ(mism, 0);
+      EXPECT_GT(with_cell, 0);  // the grid path ran, not only the full scan
+      std::printf("[pq grid] %-22s g=%2d: %zu list words, mean %.1f candidates per cell (max %d), %.1f per "
+                  "point with a cell\n",
+                  b.name, g, grid.lists.size(), grid.mean_candidates, grid.max_candidates,
+                  with_cell ? double(cand) / double(with_cell) : 0.0);
+    }
+  }
+  EXPECT_GT(cases, 100000);
+}
+
+TEST(PqGrid, NarrowsTheSearchOnGaussianData) {
+  // What makes the grid worth it: on the bench's data (N(0,1) codebook and points) a point's
+  // list holds a small fraction of the codebook.
+  ProductQuantizer pq(4, {4, 8});
+  pq.set_random_codebook(99 + 8);
+  const CandidateGrid grid = detail::build_candidate_grid(pq.codebook.data(), 256, 4, 10);
+  ASSERT_EQ(grid.g, 10);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  double cand = 0;
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) {
+    float x[4] = {nd(rng), nd(rng), nd(rng), nd(rng)};
+    const int cell = detail::candidate_cell(grid, x);
+    ASSERT_GE(cell, 0);
+    cand += grid.cells[size_t(cell)] & 511u;
+  }
+  EXPECT_LT(cand / n, 32.0);  // 1/8 of the codebook (the simulation gave ~12)
+  std::printf("[pq grid] N(0,1) codebook and points, g=10: %.1f candidates per point of 256\n", cand / n);
+}
+
+TEST(PqGrid, NoGridWhereTheProofDoesNotHold) {
+  std::vector<float> cb(16 * 4, 1.0f);
+  EXPECT_EQ(detail::build_candidate_grid(cb.data(), 16, 4, 8).g, 0);  // every centroid equal
+  cb[5] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_EQ(detail::build_candidate_grid(cb.data(), 16, 4, 8).g, 0);
+  std::vector<float> cb8(16 * 8, 0.5f);
+  cb8[3] = 2.0f;
+  EXPECT_EQ(detail::build_candidate_grid(cb8.data(), 16, 8, 8).g, 0);  // sub_dim 8
+  std::vector<float> big(512 * 4);
+  for (size_t i = 0; i < big.size(); ++i) big[i] = float(i % 7);
+  EXPECT_EQ(detail::build_candidate_grid(big.data(), 512, 4, 8).g, 0);  // > 256 centroids
+  std::vector<float> huge(16 * 4, 0.0f);
+  huge[0] = 1e20f;
+  EXPECT_EQ(detail::build_candidate_grid(huge.data(), 16, 4, 8).g, 0);
+  // and a codebook without a grid still answers through the full scan
+  const CandidateGrid none;
+  const float x[4] = {0.2f, 0.4f, 0.6f, 0.8f};
+  std::vector<float> ok = {0, 0, 0, 0, 1, 1, 1, 1};
+  EXPECT_EQ(detail::grid_nearest(none, ok.data(), 2, x), 1);
+}
