@@ -51,52 +51,49 @@ CandidateGrid build_candidate_grid(const float* cb, int n, int sub_dim, int g) {
   const int n_cells = g * g * g * g;
   std::vector<std::vector<uint8_t>> per_cell(static_cast<size_t>(n_cells));
   parallel_ranges(n_cells, resolve_thread_count(0, n_cells, 64), [&](int64_t c0, int64_t c1) {
-    std::vector<double> dmin(static_cast<size_t>(n)), corner;
-    std::vector<int> keep;
+    std::vector<double> centre_d(static_cast<size_t>(n));
+    std::vector<int> keep, order;
     for (int64_t cell = c0; cell < c1; ++cell) {
       double a[4], b[4];
       int64_t r = cell;
       for (int j = 0; j < 4; ++j) a[j] = blo[j][r % g], b[j] = bhi[j][r % g], r /= g;
-      // 1. every centroid whose nearest possible distance beats the best farthest distance
-      double u = INFINITY;
-      for (int c = 0; c < n; ++c) {
-        double mn = 0, mx = 0;
+      // Whether centroid o beats c by the margin everywhere on the box: min over the box of
+      // D_c − (1 + δ)·D_o > ε. The function is concave (a corner holds the minimum) and a sum of
+      // one term per dimension, so the minimum over the 16 corners is the sum of the per-dimension
+      // minima over {a_j, b_j}. The test allows 1e-12 of the terms' size for double rounding.
+      auto beats = [&](int o, int c) {
+        double m = 0, size = 0;
         for (int j = 0; j < 4; ++j) {
-          const double v = cb[size_t(c) * 4 + j];
-          const double o = std::max(0.0, std::max(a[j] - v, v - b[j])), f = std::max(std::fabs(v - a[j]), std::fabs(v - b[j]));
-          mn += o * o, mx += f * f;
+          const double cj = cb[size_t(c) * 4 + j], oj = cb[size_t(o) * 4 + j];
+          const double ca = a[j] - cj, cb2 = b[j] - cj, oa = a[j] - oj, ob = b[j] - oj;
+          m += std::min(ca * ca - (1 + kDelta) * oa * oa, cb2 * cb2 - (1 + kDelta) * ob * ob);
+          size += std::max(ca * ca, cb2 * cb2) + std::max(oa * oa, ob * ob);
         }
-        dmin[size_t(c)] = mn;
-        u = std::min(u, mx);
+        return m > kEps + 1e-12 * size;
+      };
+      // 1. the centroid nearest the box's centre, and everything it does not beat
+      int best = 0;
+      for (int c = 0; c < n; ++c) {
+        double e = 0;
+        for (int j = 0; j < 4; ++j) {
+          const double t = 0.5 * (a[j] + b[j]) - double(cb[size_t(c) * 4 + j]);
+          e += t * t;
+        }
+        centre_d[size_t(c)] = e;
+        if (e < centre_d[size_t(best)]) best = c;
       }
       keep.clear();
       for (int c = 0; c < n; ++c)
-        if (dmin[size_t(c)] <= (1 + kDelta) * u * (1 + 1e-9) + kEps) keep.push_back(c);
-      // 2. drop a survivor that another beats by the margin at all 16 corners (concavity: on the box)
-      const int k = int(keep.size());
-      corner.assign(size_t(16) * k, 0.0);
-      for (int v = 0; v < 16; ++v)
-        for (int i = 0; i < k; ++i) {
-          double e = 0;
-          for (int j = 0; j < 4; ++j) {
-            const double t = ((v >> j) & 1 ? b[j] : a[j]) - double(cb[size_t(keep[size_t(i)]) * 4 + j]);
-            e += t * t;
-          }
-          corner[size_t(v) * k + i] = e;
-        }
+        if (c == best || !beats(best, c)) keep.push_back(c);
+      // 2. drop a survivor that another survivor beats (tried nearest the centre first: early
+      // exits; the outcome does not depend on the order)
+      order = keep;
+      std::sort(order.begin(), order.end(), [&](int x, int y) { return centre_d[size_t(x)] < centre_d[size_t(y)]; });
       std::vector<uint8_t>& out = per_cell[size_t(cell)];
-      for (int i = 0; i < k; ++i) {
+      for (const int c : keep) {  // ascending: the lists keep the oracle's scan order
         bool beaten = false;
-        for (int o = 0; o < k && !beaten; ++o) {
-          if (o == i) continue;
-          bool all = true;
-          for (int v = 0; v < 16 && all; ++v) {
-            const double di = corner[size_t(v) * k + i], dq = corner[size_t(v) * k + o];
-            all = di - (1 + kDelta) * dq > kEps + 1e-12 * (di + dq);
-          }
-          beaten = all;
-        }
-        if (!beaten) out.push_back(uint8_t(keep[size_t(i)]));
+        for (size_t oi = 0; oi < order.size() && !beaten; ++oi) beaten = order[oi] != c && beats(order[oi], c);
+        if (!beaten) out.push_back(uint8_t(c));
       }
     }
   });

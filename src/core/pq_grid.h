@@ -10,9 +10,10 @@
 // oracle's, bit for bit.
 //
 // Why the lists are complete. Centroid c leaves cell B's list only if some c' beats it by a
-// relative margin everywhere in B: D_c(x) − (1 + δ)·D_c'(x) > ε at the 16 corners of B (D = exact
-// squared distance). That function is concave in x (its quadratic part is −δ·||x||²), so its
-// minimum over the box is at a corner, and it holds on all of B. The oracle's f32 distance of
+// relative margin everywhere in B: D_c(x) − (1 + δ)·D_c'(x) > ε on B (D = exact squared
+// distance). That function is concave in x (its quadratic part is −δ·||x||²), so its minimum over
+// the box is at one of the 16 corners; it is also a sum of one term per dimension, so that minimum
+// is the sum of the per-dimension minima over the two ends of the box's side. The oracle's f32 distance of
 // d = 4 terms is within (d + 2)·2^-24 (relative) of D plus ~1e-44 absolute (underflow), so with
 // δ = 1e-5 ≫ 2·6·2^-24 and ε = 1e-42 the f32 distance of c' is strictly below c's: c cannot be the
 // answer, whatever the tie rule. Cells are enlarged by 1% of their width on every side (a point's
@@ -51,7 +52,7 @@ struct CandidateGrid {
 CandidateGrid build_candidate_grid(const float* codebook, int n_centroids, int sub_dim, int g);
 
 /// The grid the encoders use for a codebook: g = kDefaultGridCells, built once per distinct
-/// codebook per process (a cache per layer builds two, ~0.1 s each on two cores) and shared.
+/// codebook per process (a cache per layer builds two, ~50 ms each on two cores) and shared.
 /// Null where build_candidate_grid gives none.
 constexpr int kDefaultGridCells = 10;
 std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* codebook, int n_centroids, int sub_dim);

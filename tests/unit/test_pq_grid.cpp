@@ -210,3 +210,17 @@ TEST(PqGrid, NoGridWhereTheProofDoesNotHold) {
   std::vector<float> ok = {0, 0, 0, 0, 1, 1, 1, 1};
   EXPECT_EQ(detail::grid_nearest(none, ok.data(), 2, x), 1);
 }
+
+TEST(PqGrid, SharedGridsAreBuiltOncePerDistinctCodebook) {
+  ProductQuantizer a(4, {4, 8}), b(4, {4, 8});
+  a.set_random_codebook(21);
+  b.set_random_codebook(22);
+  const auto ga = detail::shared_candidate_grid(a.codebook.data(), 256, 4);
+  const auto ga2 = detail::shared_candidate_grid(a.codebook.data(), 256, 4);
+  const auto gb = detail::shared_candidate_grid(b.codebook.data(), 256, 4);
+  ASSERT_TRUE(ga && gb);
+  EXPECT_EQ(ga.get(), ga2.get());  // the same codebook: the same grid object
+  EXPECT_NE(ga.get(), gb.get());
+  EXPECT_EQ(ga->g, detail::kDefaultGridCells);
+  EXPECT_EQ(detail::shared_candidate_grid(a.codebook.data(), 256, 8), nullptr);  // sub_dim 8: none
+}
