@@ -562,6 +562,20 @@ int main(int argc, char** argv) {
   }
 
   // ---- encode throughput -------------------------------------------------------------------
+  // median us of reps encode launches after two warm-ups
+  auto time_launch = [&](const cuda::EncodeParams& ep, bool decode_mode, int reps) {
+    std::vector<float> t;
+    for (int r = 0; r < reps; ++r) {
+      CK(cudaEventRecord(tm.a));
+      cuda::encode_launch(ep, decode_mode, nullptr);
+      CK(cudaEventRecord(tm.b));
+      CK(cudaEventSynchronize(tm.b));
+      float ms;
+      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+      if (r >= 2) t.push_back(ms);
+    }
+    return median(t) * 1e3;
+  };
   std::vector<std::pair<std::string, double>> enc_rows;
   if (!skip_encode) std::printf("\nencode (bulk, 8 x 8 kv heads x 4096 tokens, head_dim 128)\n");
   for (const Spec& s : skip_encode ? std::vector<Spec>{} : std::vector<Spec>{{4, 8, 4, 8}, {4, 12, 8, 8}, {8, 12, 8, 12}, {4, 10, 8, 12}})
@@ -660,20 +674,6 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(got.data(), codes, got.size(), cudaMemcpyDeviceToHost));
       int64_t bad = 0;
       for (int r = 0; r < nchk; ++r) bad += std::memcmp(got.data() + r * rs, want.data() + r * pq.code_bytes, pq.code_bytes) != 0;
-      // median us of reps launches after two warm-ups
-      auto time_launch = [&](const cuda::EncodeParams& ep, bool decode_mode, int reps) {
-        std::vector<float> t;
-        for (int r = 0; r < reps; ++r) {
-          CK(cudaEventRecord(tm.a));
-          cuda::encode_launch(ep, decode_mode, nullptr);
-          CK(cudaEventRecord(tm.b));
-          CK(cudaEventSynchronize(tm.b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-          if (r >= 2) t.push_back(ms);
-        }
-        return median(t) * 1e3;
-      };
       const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
       // decode mode: one new token per (batch, kv head), all warps of a block on one token
       // group; with the workspace (the caches' planned decode steps) several blocks split the
@@ -777,17 +777,7 @@ int main(int argc, char** argv) {
       bool same = true;
       for (int v = 0; v < 2; ++v) {  // 0: grid, 1: the v2 scan
         e.k_grid = e.v_grid = v == 0 ? eg : cuda::EncodeGrid{};
-        std::vector<float> t;
-        for (int r = 0; r < 10; ++r) {
-          CK(cudaEventRecord(tm.a));
-          cuda::encode_launch(e, false, nullptr);
-          CK(cudaEventRecord(tm.b));
-          CK(cudaEventSynchronize(tm.b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-          if (r >= 2) t.push_back(ms);
-        }
-        rate[v] = double(kKV) * n / (median(t) * 1e-3);
+        rate[v] = double(kKV) * n / (time_launch(e, false, 10) * 1e-6);
         std::vector<uint8_t> all(size_t(kKV) * n * rs);
         CK(cudaMemcpy(all.data(), codes.data(), all.size(), cudaMemcpyDeviceToHost));
         if (v == 0) first = all;
