@@ -30,7 +30,7 @@
 #include <string>
 #include <vector>
 
-#include "core/pq_grid.h"
+#include "cuda/encode_grid.h"
 #include "cuda/kernels.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/calibrate.h"
@@ -629,21 +629,12 @@ int main(int argc, char** argv) {
       e.sides = side;
       // the codebook's candidate grid (sub_dim 4, <= 256 centroids: src/core/pq_grid.h), as the
       // caches build it
-      const auto grid = detail::shared_candidate_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
-      uint32_t *g_cells = nullptr, *g_lists = nullptr;
-      cuda::EncodeGrid eg;
-      if (grid) {
-        CK(cudaMalloc(&g_cells, grid->cells.size() * 4));
-        CK(cudaMalloc(&g_lists, std::max<size_t>(grid->lists.size(), 1) * 4));
-        CK(cudaMemcpy(g_cells, grid->cells.data(), grid->cells.size() * 4, cudaMemcpyHostToDevice));
-        CK(cudaMemcpy(g_lists, grid->lists.data(), grid->lists.size() * 4, cudaMemcpyHostToDevice));
-        eg.cells = g_cells, eg.lists = g_lists, eg.g = grid->g;
-        for (int j = 0; j < 4; ++j)
-          eg.lo[j] = grid->lo[j], eg.inv_w[j] = grid->inv_w[j], eg.far_lo[j] = grid->far_lo[j], eg.far_hi[j] = grid->far_hi[j];
-        std::printf("encode %s d%db%d: candidate grid %d^4 cells, %.1f candidates per cell (max %d), %zu KB\n",
+      const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim, Device::cuda(0));
+      const auto& grid = dg.host;
+      if (grid)
+        std::printf("encode %s d%db%d: candidate grid %d^4 cells, %.1f candidates per cell (max %d), %lld KB\n",
                     side == 1 ? "keys" : "values", sub, bits, grid->g, grid->mean_candidates, grid->max_candidates,
-                    (grid->cells.size() + grid->lists.size()) * 4 / 1024);
-      }
+                    (long long)(dg.nbytes() / 1024));
       // every bulk kernel (EncodeParams::bulk_variant: 1 default — with the candidate grid where
       // the codebook has one ("grid"), else the v2 scan; 2 eight slots per lane, 0 the previous
       // kernel) on the same data, back to back: same-run ratios
@@ -651,7 +642,7 @@ int main(int argc, char** argv) {
       for (const int variant : {3, 1, 2, 0}) {
       if (variant == 3 && !grid) continue;
       e.bulk_variant = variant == 3 ? 1 : variant;
-      e.k_grid = e.v_grid = variant == 3 ? eg : cuda::EncodeGrid{};
+      e.k_grid = e.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
       CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
       cuda::encode_launch(e, false, nullptr);
       CK(cudaDeviceSynchronize());
@@ -712,9 +703,7 @@ int main(int argc, char** argv) {
       enc_rows.push_back({nm, rate});
       all_valid &= bad == 0 && same_all && same_dec;
       }
-      for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err, (void*)g_cells,
-                        (void*)g_lists})
-        cudaFree(ptr);
+      for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
     }
 
   // ---- encode on model-like data: the demo's synthetic KV, d4b8 codebooks calibrated on another
@@ -737,15 +726,11 @@ int main(int argc, char** argv) {
       const std::vector<float>& cbk = side == 1 ? al.key_codebook : al.value_codebook;
       ProductQuantizer pq(kD, {4, 8});
       pq.set_codebook(cbk);
-      const auto grid = detail::shared_candidate_grid(cbk.data(), 256, 4);
+      const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(cbk.data(), 256, 4, Device::cuda(0));
       Tensor xd = to_device_bench(Tensor::from_floats(side == 1 ? kf : vf, {n, kKV, kD}, DType::F16));
       Tensor cbd = to_device_bench(Tensor::from_floats(cbk, {256, 4}, DType::F32));
       Tensor nrm = to_device_bench(Tensor::from_floats(pq.centroid_norms, {256}, DType::F32));
       Tensor il = to_device_bench(Tensor::from_floats(tf.inv_lambda, {kKV, kD}, DType::F32));
-      Tensor gc = Tensor::empty({int64_t(grid->cells.size())}, DType::U32, Device::cuda(0));
-      Tensor gl = Tensor::empty({int64_t(grid->lists.size())}, DType::U32, Device::cuda(0));
-      CK(cudaMemcpy(gc.data(), grid->cells.data(), grid->cells.size() * 4, cudaMemcpyHostToDevice));
-      CK(cudaMemcpy(gl.data(), grid->lists.data(), grid->lists.size() * 4, cudaMemcpyHostToDevice));
       const int rs = int(pq.code_bytes + 3) / 4 * 4;
       Tensor codes = Tensor::empty({int64_t(kKV) * n * rs}, DType::U8, Device::cuda(0));
       Tensor zero = Tensor::empty({2}, DType::I32, Device::cuda(0));
@@ -768,15 +753,11 @@ int main(int argc, char** argv) {
       e.seq_len = e.res_count = zero.ptr<int32_t>();
       e.error_flag = zero.ptr<int>() + 1;
       e.sides = side;
-      cuda::EncodeGrid eg;
-      eg.cells = gc.ptr<uint32_t>(), eg.lists = gl.ptr<uint32_t>(), eg.g = grid->g;
-      for (int j = 0; j < 4; ++j)
-        eg.lo[j] = grid->lo[j], eg.inv_w[j] = grid->inv_w[j], eg.far_lo[j] = grid->far_lo[j], eg.far_hi[j] = grid->far_hi[j];
       std::vector<uint8_t> first;
       double rate[2] = {0, 0};
       bool same = true;
       for (int v = 0; v < 2; ++v) {  // 0: grid, 1: the v2 scan
-        e.k_grid = e.v_grid = v == 0 ? eg : cuda::EncodeGrid{};
+        e.k_grid = e.v_grid = v == 0 ? dg.view : cuda::EncodeGrid{};
         rate[v] = double(kKV) * n / (time_launch(e, false, 10) * 1e-6);
         std::vector<uint8_t> all(size_t(kKV) * n * rs);
         CK(cudaMemcpy(all.data(), codes.data(), all.size(), cudaMemcpyDeviceToHost));
@@ -796,7 +777,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < nchk; ++r) bad += std::memcmp(first.data() + size_t(r) * rs, want.data() + size_t(r) * pq.code_bytes, pq.code_bytes) != 0;
       std::printf("encode %s d4b8, calibrated synthetic KV: grid %.0f M token-heads/s, scan %.0f M (%.2fx); %.1f candidates "
                   "per cell; all rows %s; %d of %d rows differ from the CPU encoder\n",
-                  side == 1 ? "keys" : "values", rate[0] / 1e6, rate[1] / 1e6, rate[0] / rate[1], grid->mean_candidates,
+                  side == 1 ? "keys" : "values", rate[0] / 1e6, rate[1] / 1e6, rate[0] / rate[1], dg.host->mean_candidates,
                   same ? "equal" : "DIFFER", bad, nchk);
       enc_rows.push_back({std::string(side == 1 ? "keys" : "values") + " d4b8 synthetic grid", rate[0]});
       all_valid &= same && bad == 0;

@@ -25,8 +25,8 @@
 
 #include "core/attention_internal.h"
 #include "core/cuda_hooks.h"
-#include "core/pq_grid.h"
 #include "cpu/cache_common.h"
+#include "cuda/encode_grid.h"
 #include "cuda/kernels.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
@@ -995,10 +995,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     int64_t n = nbytes_common() + codebook_bytes();
     // + the encoder's candidate grids (~124 KB per sub_dim-4 codebook of <= 256 centroids, fixed:
     // overhead, not payload)
-    for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_,
-                            &k_grid_cells_, &k_grid_lists_, &v_grid_cells_, &v_grid_lists_})
+    for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_})
       if (t->defined()) n += t->nbytes();
-    return n;
+    return n + k_grid_.nbytes() + v_grid_.nbytes();
   }
   std::string class_name() const override { return "VecInferKVCache"; }
   std::string describe() const override {
@@ -1153,8 +1152,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     }
     // candidate grids of sub_dim-4 codebooks (<= 256 centroids): the bulk encoder re-ranks a
     // cell's few candidates instead of scanning the codebook (src/core/pq_grid.h)
-    upload_grid(kp, k_grid_cells_, k_grid_lists_, k_grid_);
-    upload_grid(vp, v_grid_cells_, v_grid_lists_, v_grid_);
+    k_grid_ = cuda::upload_encode_grid(kp.codebook.data(), kp.n_centroids, kp.sub_dim, device_);
+    v_grid_ = cuda::upload_encode_grid(vp.codebook.data(), vp.n_centroids, vp.sub_dim, device_);
     k_cmax_ = v_cmax_ = 0.0f;
     for (float x : kp.centroid_norms) k_cmax_ = std::max(k_cmax_, std::sqrt(x));
     for (float x : vp.centroid_norms) v_cmax_ = std::max(v_cmax_, std::sqrt(x));
@@ -1163,22 +1162,6 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     config_.value_codebook.reset();
     config_.smooth_factors.reset();
     upload_transform();
-  }
-
-  void upload_grid(const ProductQuantizer& pq, Tensor& cells, Tensor& lists, cuda::EncodeGrid& g) {
-    cells = lists = Tensor{};
-    g = cuda::EncodeGrid{};
-    const auto grid = detail::shared_candidate_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
-    if (!grid) return;
-    cells = Tensor::empty({int64_t(grid->cells.size())}, DType::U32, device_);
-    lists = Tensor::empty({int64_t(std::max<size_t>(grid->lists.size(), 1))}, DType::U32, device_);
-    detail::cuda_memcpy_h2d(cells.data(), grid->cells.data(), grid->cells.size() * 4, device_);
-    if (!grid->lists.empty()) detail::cuda_memcpy_h2d(lists.data(), grid->lists.data(), grid->lists.size() * 4, device_);
-    g.cells = cells.ptr<uint32_t>();
-    g.lists = lists.ptr<uint32_t>();
-    g.g = grid->g;
-    for (int j = 0; j < 4; ++j)
-      g.lo[j] = grid->lo[j], g.inv_w[j] = grid->inv_w[j], g.far_lo[j] = grid->far_lo[j], g.far_hi[j] = grid->far_hi[j];
   }
 
   void upload_transform() {
@@ -1271,8 +1254,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     e.v_sub = value_pq_.sub_dim;
     e.k_cmax = k_cmax_;
     e.v_cmax = v_cmax_;
-    e.k_grid = k_grid_;
-    e.v_grid = v_grid_;
+    e.k_grid = k_grid_.view;
+    e.v_grid = v_grid_.view;
     e.k_row_stride = int(k_rs_);
     e.v_row_stride = int(v_rs_);
     e.win_bf16 = config_.storage_dtype == DType::BF16;
@@ -1414,10 +1397,6 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(dec_jobs_, o.dec_jobs_);
     std::swap(k_grid_, o.k_grid_);
     std::swap(v_grid_, o.v_grid_);
-    std::swap(k_grid_cells_, o.k_grid_cells_);
-    std::swap(k_grid_lists_, o.k_grid_lists_);
-    std::swap(v_grid_cells_, o.v_grid_cells_);
-    std::swap(v_grid_lists_, o.v_grid_lists_);
     Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
                       &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
     Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
@@ -1435,8 +1414,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3: 1/scale of the key and value codebooks; int8 keys: the key scale
   Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
   /// candidate grids of the codebooks (counted in nbytes, not in codebook_bytes; null pointers: none)
-  Tensor k_grid_cells_, k_grid_lists_, v_grid_cells_, v_grid_lists_;
-  cuda::EncodeGrid k_grid_, v_grid_;
+  cuda::DeviceEncodeGrid k_grid_, v_grid_;
   /// The codebooks fused_sdpa reads (AttnConfigKey::cb_fmt: 0 fp16, 1 E4M3, 2 int8 keys; coded modes).
   int cb_fmt_ = 0;
   int cb_fmt() const { return cb_fmt_; }

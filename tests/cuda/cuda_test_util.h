@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/pq_grid.h"
+#include "cuda/encode_grid.h"
 #include "cuda/kernels.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/cuda_cache.h"
@@ -100,27 +100,6 @@ inline KVCacheConfig vq_config(const Spec& s, CacheMode mode, int head_dim, int 
 inline KVCacheConfig on_cuda(KVCacheConfig c) {
   c.device = Device::cuda(0);
   return c;
-}
-
-/// A codebook's candidate grid on the device (what the caches upload), for direct encode
-/// launches; grid.cells is null where the codebook has none.
-struct DeviceGrid {
-  Tensor cells, lists;
-  cuda::EncodeGrid grid;
-};
-inline DeviceGrid upload_grid(const std::vector<float>& codebook, int n_centroids, int sub_dim) {
-  DeviceGrid d;
-  const auto g = veloxquant::detail::shared_candidate_grid(codebook.data(), n_centroids, sub_dim);
-  if (!g) return d;
-  d.cells = Tensor::empty({int64_t(g->cells.size())}, DType::U32, Device::cuda(0));
-  d.lists = Tensor::empty({int64_t(std::max<size_t>(g->lists.size(), 1))}, DType::U32, Device::cuda(0));
-  EXPECT_EQ(cudaMemcpy(d.cells.data(), g->cells.data(), g->cells.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  EXPECT_EQ(cudaMemcpy(d.lists.data(), g->lists.data(), g->lists.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
-  d.grid.cells = d.cells.ptr<uint32_t>(), d.grid.lists = d.lists.ptr<uint32_t>(), d.grid.g = g->g;
-  for (int j = 0; j < 4; ++j)
-    d.grid.lo[j] = g->lo[j], d.grid.inv_w[j] = g->inv_w[j], d.grid.far_lo[j] = g->far_lo[j],
-    d.grid.far_hi[j] = g->far_hi[j];
-  return d;
 }
 
 }  // namespace vq_cuda_test

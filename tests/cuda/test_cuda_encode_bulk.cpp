@@ -105,15 +105,15 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
     e.error_flag = err.ptr<int>();
     e.sides = 3;
     // variant 3: bulk_variant 1 with the codebook's candidate grid (sub_dim 4, <= 256 centroids)
-    const DeviceGrid dg = upload_grid(pq.codebook, pq.n_centroids, c.sub);
-    ASSERT_EQ(dg.grid.cells != nullptr, c.sub == 4 && c.bits <= 8) << "which codebooks get a grid";
+    const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), pq.n_centroids, c.sub, Device::cuda(0));
+    ASSERT_EQ(dg.view.cells != nullptr, c.sub == 4 && c.bits <= 8) << "which codebooks get a grid";
     std::vector<int> variants = {0, 1, 2};
-    if (dg.grid.cells) variants.push_back(3);
+    if (dg.view.cells) variants.push_back(3);
     std::vector<std::vector<uint8_t>> got_all;
     for (const int variant : variants) {
       SCOPED_TRACE("bulk_variant " + std::to_string(variant));
       e.bulk_variant = variant == 3 ? 1 : variant;
-      e.k_grid = e.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
+      e.k_grid = e.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
       ASSERT_EQ(cudaMemset(kc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       ASSERT_EQ(cudaMemset(vc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       cuda::encode_launch(e, false, nullptr);
@@ -161,7 +161,7 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
       for (const int variant : variants) {
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
         w.bulk_variant = variant == 3 ? 1 : variant;
-        w.k_grid = w.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
+        w.k_grid = w.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(kw.data(), 0x7B, size_t(kw.nbytes())), cudaSuccess);
         ASSERT_EQ(cudaMemset(vw.data(), 0x7B, size_t(vw.nbytes())), cudaSuccess);
         cuda::encode_launch(w, false, nullptr);

@@ -92,12 +92,12 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.error_flag = err.ptr<int>();
       e.sides = 2;  // values: no transform, so the crafted sub-vectors reach the search as they are
       // the candidate grid (variant 3 below): inputs past its far box take the full oracle scan
-      const DeviceGrid dg = upload_grid(pq.codebook, 256, 4);
-      ASSERT_NE(dg.grid.cells, nullptr) << "a d4b8 codebook must get a candidate grid";
+      const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), 256, 4, Device::cuda(0));
+      ASSERT_NE(dg.view.cells, nullptr) << "a d4b8 codebook must get a candidate grid";
       for (const int variant : {0, 1, 2, 3}) {  // every bulk kernel (EncodeParams::bulk_variant; 3: 1 + grid)
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
         e.bulk_variant = variant == 3 ? 1 : variant;
-        e.v_grid = variant == 3 ? dg.grid : cuda::EncodeGrid{};
+        e.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
         cuda::encode_launch(e, false, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
