@@ -83,7 +83,7 @@ struct AttnTraits {
   static_assert(NT == 1 || NT == 2, "one or two row tiles");
   static_assert(KT == 1 || KT == 2 || KT == 4, "1, 2 or 4 k-tiles of 16 tokens per warp tile");
   static constexpr int kWarps = W, kThreads = 32 * W;
-  static_assert(W == 4 || W == 8 || W == 16, "4, 8 or 16 warps");
+  static_assert(W == 4 || W == 8 || W == 12 || W == 16, "4, 8, 12 or 16 warps");
   static constexpr int kRows = 8 * NT;
   static constexpr int kWarpTok = 16 * KT;             // KT k-tiles of 16 tokens
   static constexpr int kBlockTok = kWarps * kWarpTok;  // tokens per block iteration
@@ -128,7 +128,19 @@ struct AttnTraits {
   // are spread over the lanes' sub-vectors). AttnParams::value_ldsm = 0 keeps the gathers (A/B).
   static constexpr bool kLdsmV = VS == 8 && (CBF == 0 || CBF == 2);
   static constexpr int kVRowW = kVRow / 4;
-  static __device__ __forceinline__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
+  static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
+  // The swizzle of a value row kt·16 + 8·u + 2t + e depends on 2t + e alone (bit 2 of the row),
+  // so a lane's value code words sit at one lane offset per e plus compile-time row offsets: the
+  // ring reads are then LDS [lane base + immediate] (run 51: the per-address XORs cost ~35
+  // instructions per 64-token warp tile).
+  static constexpr bool vswz_splits() {
+    for (int kt = 0; kt < 4; ++kt)
+      for (int u = 0; u < 2; ++u)
+        for (int r = 0; r < 8; ++r)
+          if (vswz((kt * 16 + 8 * u + r) * kVRow) != (kt * 16 + 8 * u) * kVRow + vswz(r * kVRow)) return false;
+    return true;
+  }
+  static_assert(vswz_splits(), "value-row swizzle must split into a lane part and a row part");
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
   // Query buffers (fp16 q̃ and raw q): row r's quarter u, the D/4 elements lane (g, t) = (r, u)
   // reads as its MMA A fragments, is one segment of kQSegB bytes; the 16-byte pad puts the 8
@@ -487,11 +499,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // ---- code ring (PIPE > 0): the first stages start now, so their latency hides under the
   // query transform and the codebook copies below (the ring aliases nothing those touch).
   const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(sRing + warp * (PIPE > 0 ? PIPE : 1) * T::kStageBytes));
-  auto issue = [&](int j) {  // tile j of this warp into stage j % PIPE
+  auto issue = [&](int j, uint32_t stage_off) {  // tile j of this warp into stage j % PIPE (at stage_off)
     const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
     if (base < c1) {
       const int ntok = min(T::kWarpTok, c1 - base);
-      const uint32_t st = ring_s + (j % (PIPE > 0 ? PIPE : 1)) * T::kStageBytes;
+      const uint32_t st = ring_s + stage_off;
       const uint8_t* ks_ = kcodes + int64_t(base) * T::kKRow;
       const uint8_t* vs_ = vcodes + int64_t(base) * T::kVRow;
       constexpr int kKB = T::kWarpTok * T::kKRow, kVB = T::kWarpTok * T::kVRow;
@@ -515,7 +527,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   if constexpr (PIPE > 0) {
     if (has_code)
 #pragma unroll 1
-      for (int j = 0; j < PIPE - 1; ++j) issue(j);
+      for (int j = 0; j < PIPE - 1; ++j) issue(j, uint32_t(j * T::kStageBytes));
   }
 
   // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
@@ -669,9 +681,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   };
   // m, l: running max and sum of this lane's score rows n·8 + g (equal across the quad).
-  float m[NT], l[NT], o[T::kMT][NT][4];
+  // mb: the offset the scores of a tile carry, m where finite, else 0 (see softmax_pv); it
+  // enters the score accumulators as their start value, so the exponentials need no subtraction.
+  float m[NT], l[NT], mb[NT], o[T::kMT][NT][4];
 #pragma unroll
-  for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f;
+  for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f, mb[n] = 0.0f;
+  // the start value of a score accumulator (row g: elements 0, 1; row g + 8: 2, 3, which
+  // with one row tile hold the odd k-steps' partial sums and start at 0)
+  auto score_init = [&](int e) -> float { return e < 2 ? -mb[0] : (NT == 2 ? -mb[NT - 1] : 0.0f); };
 #pragma unroll
   for (int mt = 0; mt < T::kMT; ++mt)
 #pragma unroll
@@ -775,11 +792,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // Online softmax over a warp tile, then O += P·V̂ with V̂ words from vwords(kt, i, w), where
   // lane (g, t) holds the value codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 of a k-tile.
+  // The scores s arrive offset by −mb (the accumulators started there), mb = the running row
+  // max m where finite, else 0: p = 2^s needs no subtraction.
   // Lazy rescaling: the exponentials use the running row max m as long as no score exceeds it
   // by more than kLazy (log2 units), so P <= 2^kLazy stays well inside fp16 and fp32 sums;
   // only then (always on a row's first visible tile) is the exact row max reduced across the
-  // quad and O, l rescaled. The common path has no shuffle at all: the probabilities of row g,
-  // tokens 2t, 2t + 1 are exactly the B fragment the value MMA wants.
+  // quad, O, l rescaled and the tile's scores moved to the new offset. The common path has no
+  // shuffle at all: the probabilities of row g, tokens 2t, 2t + 1 are exactly the B fragment
+  // the value MMA wants.
   // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
   // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format); VFragTag:
   // vwords(kt, mt, a) hands over m-tile mt's A fragment ready (the ldmatrix mapping).
@@ -796,7 +816,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int kt = 1; kt < KT; ++kt)
         lm[n] = fmaxf(lm[n], fmaxf(fmaxf(s[kt][0][2 * n], s[kt][0][2 * n + 1]),
                                    fmaxf(s[kt][1][2 * n], s[kt][1][2 * n + 1])));
-      need |= lm[n] > m[n] + kLazy;
+      need |= lm[n] > m[n] - mb[n] + kLazy;  // m = −∞: any finite score
     }
     if (__any_sync(0xffffffffu, need)) {
       float sc[NT];
@@ -805,10 +825,17 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         float mx = lm[n];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[n], mx);
+        const float mnew = fmaxf(m[n], mx + mb[n]);
         sc[n] = mnew == -INFINITY ? 1.0f : ex2(m[n] - mnew);
         m[n] = mnew;
         l[n] *= sc[n];
+        // move this tile's scores from the old offset to the new one
+        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mb[n] - mb_new;
+        mb[n] = mb_new;
+#pragma unroll
+        for (int kt = 0; kt < KT; ++kt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) s[kt][h][2 * n] += d, s[kt][h][2 * n + 1] += d;
       }
       // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r)
 #pragma unroll
@@ -824,12 +851,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     uint32_t bp[KT][NT][2];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      const float muse = m[n] == -INFINITY ? 0.0f : m[n];
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const float p0 = ex2(s[kt][h][2 * n] - muse), p1 = ex2(s[kt][h][2 * n + 1] - muse);
+          const float p0 = ex2(s[kt][h][2 * n]), p1 = ex2(s[kt][h][2 * n + 1]);
           l[n] += p0 + p1;
           bp[kt][n][h] = pack_half2(p0, p1);
         }
@@ -973,15 +999,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
+            // exact int32 dot products, scaled, minus the rows' offsets (one FFMA each)
             if constexpr (NT == 1) {  // odd k-steps ran as rows g + 8
-              s[kt][h][0] = float(ev[h][0] + od[h][2]) * qs8[0];
-              s[kt][h][1] = float(ev[h][1] + od[h][3]) * qs8[0];
+              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][2]), qs8[0], -mb[0]);
+              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][3]), qs8[0], -mb[0]);
               s[kt][h][2] = s[kt][h][3] = 0.0f;
             } else {
-              s[kt][h][0] = float(ev[h][0] + od[h][0]) * qs8[0];
-              s[kt][h][1] = float(ev[h][1] + od[h][1]) * qs8[0];
-              s[kt][h][2] = float(ev[h][2] + od[h][2]) * qs8[NT - 1];
-              s[kt][h][3] = float(ev[h][3] + od[h][3]) * qs8[NT - 1];
+              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], -mb[0]);
+              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], -mb[0]);
+              s[kt][h][2] = fmaf(float(ev[h][2] + od[h][2]), qs8[NT - 1], -mb[NT - 1]);
+              s[kt][h][3] = fmaf(float(ev[h][3] + od[h][3]), qs8[NT - 1], -mb[NT - 1]);
             }
           }
         } else {
@@ -989,7 +1016,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) s[kt][h][e] = score_init(e), s1[h][e] = 0.0f;
 #pragma unroll
           for (int i = 0; i < T::kKSpt; ++i) {
             uint32_t e0[KS / 2], e1[KS / 2];
@@ -1059,13 +1086,17 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     } else {
       // This warp's ring: tile j lives in stage j % PIPE, issued PIPE − 1 tiles ahead.
       unsigned char* const ring = sRing + warp * PIPE * T::kStageBytes;
-      auto fill = [&](Tile& tl, int j) {
-        const unsigned char* st = ring + (j % PIPE) * T::kStageBytes;
+      // loop-invariant lane offsets inside a stage (see AttnTraits::vswz_splits)
+      const int k_lane = g * T::kKRow + 4 * kw0;
+      const int v_lane[2] = {16 * KT * T::kKRow + T::vswz(2 * t * T::kVRow) + 4 * vw0,
+                             16 * KT * T::kKRow + T::vswz((2 * t + 1) * T::kVRow) + 4 * vw0};
+      auto fill = [&](Tile& tl, int stage_off) {
+        const unsigned char* st = ring + stage_off;
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) {
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj) {
-            const uint32_t* w = reinterpret_cast<const uint32_t*>(st + (kt * 16 + g + 8 * jj) * T::kKRow) + kw0;
+            const uint32_t* w = reinterpret_cast<const uint32_t*>(st + k_lane + (kt * 16 + 8 * jj) * T::kKRow);
             if constexpr (T::kKW == 2 && T::kKBits % 64 == 0 && T::kKRow % 8 == 0) {
               const uint2 v = *reinterpret_cast<const uint2*>(w);
               tl.k[kt][jj][0] = v.x, tl.k[kt][jj][1] = v.y;
@@ -1091,8 +1122,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           } else {
 #pragma unroll
             for (int q = 0; q < 4; ++q) {
-              const uint32_t* w = reinterpret_cast<const uint32_t*>(st + 16 * KT * T::kKRow +
-                                                                    T::vswz((kt * 16 + vtok(q)) * T::kVRow)) + vw0;
+              // token vtok(q) = 2t + (q & 1) + 8·(q >> 1) of k-tile kt
+              const uint32_t* w = reinterpret_cast<const uint32_t*>(st + v_lane[q & 1] + (kt * 16 + 8 * (q >> 1)) * T::kVRow);
 #pragma unroll
               for (int x = 0; x < T::kVW; ++x) tl.v[kt][q][x] = w[x];
             }
@@ -1100,18 +1131,24 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       };
       // (the first PIPE − 1 stages were issued before the setup work)
+      // stage offsets carried from tile to tile: tile j reads stage j % PIPE while tile
+      // j + PIPE − 1 goes into stage (j − 1) % PIPE, the one read by the tile before
+      constexpr int kRingEnd = PIPE * T::kStageBytes;
+      int st_read = 0, st_fill = (PIPE - 1) * T::kStageBytes;
 #pragma unroll 1
       for (int j = 0;; ++j) {
         const int base = c0 + warp * T::kWarpTok + j * T::kBlockTok;
         if (base >= c1) break;
-        issue(j + PIPE - 1);
+        issue(j + PIPE - 1, uint32_t(st_fill));
         cp_async_wait<PIPE - 1>();
         __syncwarp();
         Tile cur;
-        fill(cur, j);
+        fill(cur, st_read);
         prefetch(base);
         process(cur, base);
         __syncwarp();  // every lane is done with stage j % PIPE before it is refilled
+        st_fill = st_read;
+        st_read = st_read + T::kStageBytes == kRingEnd ? 0 : st_read + T::kStageBytes;
       }
       cp_async_wait<0>();
     }
@@ -1212,7 +1249,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-              for (int e = 0; e < 4; ++e) s0[h][e] = 0.0f, s1[h][e] = 0.0f;
+              for (int e = 0; e < 4; ++e) s0[h][e] = score_init(e), s1[h][e] = 0.0f;
 #pragma unroll
             for (int i = 0; i < T::kKSpt; ++i) {
               const int d0 = (t * T::kKSpt + i) * KS;
@@ -1247,7 +1284,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int h = 0; h < 2; ++h)
 #pragma unroll
-          for (int e = 0; e < 4; ++e) s[kt][h][e] = 0.0f, s1[h][e] = 0.0f;
+          for (int e = 0; e < 4; ++e) s[kt][h][e] = score_init(e), s1[h][e] = 0.0f;
         const int p0 = base + kt * 16 + g, p1 = p0 + 8;
         const uint16_t* r0 = kwin + slot(min(p0, w1 - 1)) * D;
         const uint16_t* r1 = kwin + slot(min(p1, w1 - 1)) * D;
