@@ -1481,44 +1481,78 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     stamp(6);
     if (seg_done) {
       __threadfence();
-      // Latency matters here (the merge is the tail of every split launch): every (split, row)
-      // statistic is fetched in one parallel round, and each output element issues all of its
-      // S partial loads before using any.
-      // scratch in the region, dead since the block combine's reads (the barrier above)
-      float* const wts = reinterpret_cast<float*>(region);  // [S][kRows]
-      float* const sl_l = wts + 32 * kRows;                  // [S][kRows]
-      float* const ltot = wts + 64 * kRows;                  // [kRows]   (n_splits <= 32)
-      static_assert(65 * kRows * 4 <= T::kCombineBytes, "merge scratch fits the combine's space");
-      for (int i = tid; i < S * kRows; i += T::kThreads) {
-        const int64_t sl = int64_t(seg) * S * kRows + i;
-        wts[i] = __ldcg(p.ws_ml + sl * 2);
-        sl_l[i] = __ldcg(p.ws_ml + sl * 2 + 1);
-      }
-      __syncthreads();
-      for (int row = tid; row < kRows; row += T::kThreads) {
-        float M = -INFINITY;
-        for (int s2 = 0; s2 < S; ++s2) M = fmaxf(M, wts[s2 * kRows + row]);
-        const float Mu = M == -INFINITY ? 0.0f : M;
-        float lt = 0.0f;
-        for (int s2 = 0; s2 < S; ++s2) {
-          const float f = ex2(wts[s2 * kRows + row] - Mu);
-          wts[s2 * kRows + row] = f;
-          lt += sl_l[s2 * kRows + row] * f;
+      // The merge in one round trip: it is the tail of every split launch, so latency is all
+      // that matters. A warp takes 32 consecutive outputs of one row (D is a multiple of 32),
+      // two groups per pass: lane s < S loads split s's statistics of the row, every lane the
+      // S partials of its output, all issued before any is used (kernels capped at 128 registers: one group
+      // per pass, as many as a GQA group of 4 has outputs at head_dim 128, and the registers
+      // of the 128-register cap); the statistics reach the
+      // other lanes through the warp's slot of the dead combine region (a __syncwarp, no block
+      // barrier). The earlier version read the statistics, then the partials, two round trips
+      // and a serial per-row loop apart: 3.6 us at batch 1 (run 39). The arithmetic, in split
+      // order, is the cluster merge's.
+      static_assert(D % 32 == 0, "a warp's 32 outputs lie in one row");
+      static_assert(T::kWarps * 2 * 32 * 8 <= T::kCombineBytes, "merge slots fit the combine's space");
+      // partials in chunks of kCh splits (one round trip up to 16 splits, the batch-1 plan; one
+      // more per further chunk); kernels capped at 128 registers take one output group per pass,
+      // and the E4M3 ones, which already use all 128, chunks of 8 (with 16, ptxas spilled 16 /
+      // 68 bytes in the 16-warp kernel and its loop lost 2-7%: run 52)
+      constexpr int kGr = T::kThreads * MINB >= 512 ? 1 : 2, kCh = kGr == 1 && CBF == 1 ? 8 : 16;
+      float2* const slot = reinterpret_cast<float2*>(region) + warp * kGr * 32;  // [groups][32 splits] (m, l)
+      const int n_el = live_rows * D;
+      const int64_t sbase = int64_t(seg) * S * kRows;
+      for (int e0 = warp * 32; e0 < n_el; e0 += kGr * T::kThreads) {
+        float ov[kGr][kCh];
+        auto load_ov = [&](int sc) {
+#pragma unroll
+          for (int u = 0; u < kGr; ++u) {
+            const int e = e0 + u * T::kThreads;
+            const bool on = e < n_el;  // the warp's 32 outputs are all live or none
+            const int64_t rs = sbase + (on ? e / D : 0);
+            const int d = on ? e % D + lane : 0;
+#pragma unroll
+            for (int j = 0; j < kCh; ++j)
+              ov[u][j] = on && sc + j < S ? __ldcg(p.ws_o + (rs + int64_t(sc + j) * kRows) * D + d) : 0.0f;
+          }
+        };
+#pragma unroll
+        for (int u = 0; u < kGr; ++u) {
+          const int e = e0 + u * T::kThreads;
+          if (e < n_el && lane < S) {
+            const float* ml = p.ws_ml + (sbase + e / D + int64_t(lane) * kRows) * 2;
+            slot[u * 32 + lane] = make_float2(__ldcg(ml), __ldcg(ml + 1));
+          }
         }
-        ltot[row] = lt;
-      }
-      __syncthreads();
-      for (int idx = tid; idx < live_rows * D; idx += T::kThreads) {
-        const int row = idx / D, d = idx % D;
-        const float* src = p.ws_o + (int64_t(seg) * S * kRows + row) * D + d;
-        float part[32];
+        load_ov(0);
+        __syncwarp();
+        float Mu[kGr], acc[kGr], lt[kGr];
 #pragma unroll
-        for (int s2 = 0; s2 < 32; ++s2) part[s2] = s2 < S ? __ldcg(src + int64_t(s2) * kRows * D) : 0.0f;
-        float acc = 0.0f;
+        for (int u = 0; u < kGr; ++u) {
+          float M = -INFINITY;
+          for (int s2 = 0; s2 < S; ++s2) M = fmaxf(M, slot[u * 32 + s2].x);
+          Mu[u] = M == -INFINITY ? 0.0f : M;
+          acc[u] = 0.0f, lt[u] = 0.0f;
+        }
+        for (int sc = 0; sc < S; sc += kCh) {
+          if (sc > 0) load_ov(sc);
 #pragma unroll
-        for (int s2 = 0; s2 < 32; ++s2)
-          if (s2 < S) acc += part[s2] * wts[s2 * kRows + row];
-        write_out(row, d, ltot[row] > 0.0f ? acc / ltot[row] : 0.0f);
+          for (int u = 0; u < kGr; ++u)
+#pragma unroll
+            for (int j = 0; j < kCh; ++j) {
+              if (sc + j < S) {
+                const float2 st = slot[u * 32 + sc + j];
+                const float f = ex2(st.x - Mu[u]);
+                acc[u] += ov[u][j] * f;
+                lt[u] += st.y * f;
+              }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < kGr; ++u) {
+          const int e = e0 + u * T::kThreads;
+          if (e < n_el) write_out(e / D, e % D + lane, lt[u] > 0.0f ? acc[u] / lt[u] : 0.0f);
+        }
+        __syncwarp();  // the slots are rewritten by the next pass
       }
       if (tid == 0) p.counters[seg] = 0;
     }
