@@ -127,6 +127,19 @@ struct AttnTraits {
   // mt is then dim 16·mt + g / 16·mt + 8 + g (the "ldmatrix mapping"; the gather path's rows
   // are spread over the lanes' sub-vectors). AttnParams::value_ldsm = 0 keeps the gathers (A/B).
   static constexpr bool kLdsmV = VS == 8 && (CBF == 0 || CBF == 2);
+  // d4 values without the repack (E4M3 codebooks only). The value MMA's K axis is tokens, two
+  // per register, while a gathered d4 centroid holds two dims of one token per register; so
+  // each MMA takes a token's word as it lands (K pair κ = one token, its two dims the pair's
+  // two elements) against a B operand with P in one element of the pair and 0 in the other:
+  // one MMA per element picks dims 0 and 2 (rows g, g + 8), the other dims 1 and 3. Twice the
+  // value MMAs, none of the 8 PRMTs per sub-vector and 16 tokens. O's accumulators o[2i + e]
+  // then hold dims 4σ + e (rows g) and 4σ + 2 + e (rows g + 8) of the lane's sub-vector
+  // σ = g·kVSpt + i. Run 53 (every d4-value format through it, 26/26 cuda tests; rows whose
+  // kernels did not change matched run 52's within 0.5%): E4M3 49.1 / 82.9 / 310.3 µs against
+  // 51.5 / 87.1 / 328.7 (−5%: its loop is conversion-heavy, the MMAs fit), but fp16 40.2 /
+  // 67.6 / 253.1 against 39.4 / 66.3 / 247.1 and int8 keys 37.8 / 63.0 / 232.3 against 37.3 /
+  // 62.5 / 229.3 (+1–2%: the extra MMAs cost more than the PRMTs they save there).
+  static constexpr bool kPairV = VS == 4 && CBF == 1;
   static constexpr int kVRowW = kVRow / 4;
   static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
   // The swizzle of a value row kt·16 + 8·u + 2t + e depends on 2t + e alone (bit 2 of the row),
@@ -886,6 +899,32 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
         }
+        if constexpr (T::kPairV && !kVals8) {
+          // B operands of octet h (tokens 2t + 8h, 2t + 1 + 8h at K pairs t, t + 4) with P in
+          // element e of each pair and 0 in the other (fp16: the lower K index in the low half)
+          uint32_t bz[NT][2][2][2];  // [n][h][e][b0/b1]
+#pragma unroll
+          for (int n = 0; n < NT; ++n)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const uint32_t x = bp[kt][n][h];  // (p of token 2t + 8h, p of token 2t + 1 + 8h)
+              bz[n][h][0][0] = x & 0xFFFFu, bz[n][h][0][1] = x >> 16;
+              bz[n][h][1][0] = x << 16, bz[n][h][1][1] = x & 0xFFFF0000u;
+            }
+#pragma unroll
+          for (int i = 0; i < T::kVSpt; ++i) {
+            uint32_t vw[4][2];  // tokens vtok(q): words (dims 0, 1) and (dims 2, 3)
+            vwords(kt, i, vw);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 2; ++e)
+#pragma unroll
+                for (int n = 0; n < NT; ++n)
+                  mma_f16(o[2 * i + e][n], vw[2 * h][0], vw[2 * h][1], vw[2 * h + 1][0], vw[2 * h + 1][1],
+                          bz[n][h][e][0], bz[n][h][e][1]);
+          }
+        } else {
 #pragma unroll
         for (int i = 0; i < T::kVSpt; ++i) {
           // fp16: a token's centroid as kVWps words; int8: as VS/4 words of offset-binary bytes
@@ -910,6 +949,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a0, a1, a2, a3, bp[kt][n][0], bp[kt][n][1]);
           }
+        }
         }
       }
     }
@@ -1369,8 +1409,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int r = 0; r < 2; ++r) {
         if (n * 8 + 2 * t + r >= live_rows) continue;
         float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
-        dst[0] = o[mt][n][r];
-        dst[1] = o[mt][n][2 + r];
+        if constexpr (T::kPairV) {  // dims dlo, dlo + 1 = elements 0, 1 of pair j (T::kPairV)
+          dst[0] = o[2 * i][n][2 * j + r];
+          dst[1] = o[2 * i + 1][n][2 * j + r];
+        } else {
+          dst[0] = o[mt][n][r];
+          dst[1] = o[mt][n][2 + r];
+        }
       }
   }
   __syncthreads();
