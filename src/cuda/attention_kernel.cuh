@@ -1409,7 +1409,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       for (int r = 0; r < 2; ++r) {
         if (n * 8 + 2 * t + r >= live_rows) continue;
         float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
-        if constexpr (T::kPairV) {  // dims dlo, dlo + 1 = elements 0, 1 of pair j (T::kPairV)
+        if constexpr (T::kPairV) {  // dims dlo, dlo + 1 = elements 0, 1 of the lane's pair j
           dst[0] = o[2 * i][n][2 * j + r];
           dst[1] = o[2 * i + 1][n][2 * j + r];
         } else {
@@ -1528,20 +1528,19 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       __threadfence();
       // The merge in one round trip: it is the tail of every split launch, so latency is all
       // that matters. A warp takes 32 consecutive outputs of one row (D is a multiple of 32),
-      // two groups per pass: lane s < S loads split s's statistics of the row, every lane the
-      // S partials of its output, all issued before any is used (kernels capped at 128 registers: one group
-      // per pass, as many as a GQA group of 4 has outputs at head_dim 128, and the registers
-      // of the 128-register cap); the statistics reach the
-      // other lanes through the warp's slot of the dead combine region (a __syncwarp, no block
-      // barrier). The earlier version read the statistics, then the partials, two round trips
-      // and a serial per-row loop apart: 3.6 us at batch 1 (run 39). The arithmetic, in split
-      // order, is the cluster merge's.
+      // kGr groups of them per pass: lane s < S loads split s's (max, sum) of the group's row
+      // into the warp's slot of the dead combine region, every lane the partials of its output,
+      // all issued before any is used; one __syncwarp, no block barrier. The version before run
+      // 52 read the statistics, then the partials, two round trips and a serial per-row loop
+      // apart: 3.6 us at batch 1 (run 39), 2.4 us now. The arithmetic, in split order, is the
+      // cluster merge's.
       static_assert(D % 32 == 0, "a warp's 32 outputs lie in one row");
       static_assert(T::kWarps * 2 * 32 * 8 <= T::kCombineBytes, "merge slots fit the combine's space");
-      // partials in chunks of kCh splits (one round trip up to 16 splits, the batch-1 plan; one
-      // more per further chunk); kernels capped at 128 registers take one output group per pass,
-      // and the E4M3 ones, which already use all 128, chunks of 8 (with 16, ptxas spilled 16 /
-      // 68 bytes in the 16-warp kernel and its loop lost 2-7%: run 52)
+      // Partials in chunks of kCh splits: one round trip up to 16 splits (the batch-1 plan), one
+      // more per further chunk. Kernels capped at 128 registers take one group per pass (a GQA
+      // group of 4 at head_dim 128 has 512 outputs: one pass of 512 threads), and the E4M3 ones,
+      // already at 128, chunks of 8 (with 16, ptxas spilled 16 / 68 bytes in the 16-warp kernel
+      // and its loop lost 2-7%: run 52).
       constexpr int kGr = T::kThreads * MINB >= 512 ? 1 : 2, kCh = kGr == 1 && CBF == 1 ? 8 : 16;
       float2* const slot = reinterpret_cast<float2*>(region) + warp * kGr * 32;  // [groups][32 splits] (m, l)
       const int n_el = live_rows * D;
