@@ -481,6 +481,22 @@ int main(int argc, char** argv) {
       }
       std::printf("  profile (%d blocks, SM clock %.2f GHz nominal): first entry -> last exit %.1f us, entries spread %.1f us\n",
                   nblk, khz / 1e6, (g1 - g0) / 1e3, (e1 - g0) / 1e3);
+      {  // how busy the multiprocessors were: block time over (blocks resident at once x span)
+        std::vector<double> life;
+        double busy = 0.0;
+        for (int i = 0; i < nblk; ++i) {
+          const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
+          if (r[9] > r[8]) life.push_back(double(r[9] - r[8]) / 1e3), busy += life.back();
+        }
+        int sms = 0;
+        CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+        if (!life.empty()) {
+          std::sort(life.begin(), life.end());
+          const int slots = std::min(nblk, sms * std::max(1, bps));
+          std::printf("    block lifetime median %.1f us, max %.1f us; %d block slots busy %.1f%% of the span\n",
+                      life[life.size() / 2], life.back(), slots, 100.0 * busy / (slots * ((g1 - g0) / 1e3)));
+        }
+      }
       for (int k = 0; k < 7; ++k) {
         std::vector<double> d;
         for (int i = 0; i < nblk; ++i) {
