@@ -789,9 +789,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // Masks a tile's scores s[kt][h][2n + e] (row n·8 + g, token base + kt·16 + 8h + 2t + e)
   // against [.., end) and the rows' bounds.
-  auto mask_scores = [&](float (&s)[KT][2][4], int base, int end) {
+  auto mask_scores = [&]<int KTs>(float (&s)[KTs][2][4], int base, int end) {
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt)
+    for (int kt = 0; kt < KTs; ++kt)
 #pragma unroll
       for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -803,7 +803,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
   };
 
-  // Online softmax over a warp tile, then O += P·V̂ with V̂ words from vwords(kt, i, w), where
+  // Online softmax over KTs k-tiles (a warp tile of codes, or one k-tile of staged window rows),
+  // then O += P·V̂ with V̂ words from vwords(kt, i, w), where
   // lane (g, t) holds the value codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 of a k-tile.
   // The scores s arrive offset by −mb (the accumulators started there), mb = the running row
   // max m where finite, else 0: p = 2^s needs no subtraction.
@@ -816,7 +817,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
   // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format); VFragTag:
   // vwords(kt, mt, a) hands over m-tile mt's A fragment ready (the ldmatrix mapping).
-  auto softmax_pv = [&](float (&s)[KT][2][4], auto vals8_tag, auto&& vwords) {
+  auto softmax_pv = [&]<int KTs>(float (&s)[KTs][2][4], auto vals8_tag, auto&& vwords) {
     constexpr bool kFrag = std::is_same_v<std::decay_t<decltype(vals8_tag)>, VFragTag>;
     constexpr bool kVals8 = !kFrag && decltype(vals8_tag)::value;
     constexpr float kLazy = 8.0f;
@@ -826,7 +827,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     for (int n = 0; n < NT; ++n) {
       lm[n] = fmaxf(fmaxf(s[0][0][2 * n], s[0][0][2 * n + 1]), fmaxf(s[0][1][2 * n], s[0][1][2 * n + 1]));
 #pragma unroll
-      for (int kt = 1; kt < KT; ++kt)
+      for (int kt = 1; kt < KTs; ++kt)
         lm[n] = fmaxf(lm[n], fmaxf(fmaxf(s[kt][0][2 * n], s[kt][0][2 * n + 1]),
                                    fmaxf(s[kt][1][2 * n], s[kt][1][2 * n + 1])));
       need |= lm[n] > m[n] - mb[n] + kLazy;  // m = −∞: any finite score
@@ -846,7 +847,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mb[n] - mb_new;
         mb[n] = mb_new;
 #pragma unroll
-        for (int kt = 0; kt < KT; ++kt)
+        for (int kt = 0; kt < KTs; ++kt)
 #pragma unroll
           for (int h = 0; h < 2; ++h) s[kt][h][2 * n] += d, s[kt][h][2 * n + 1] += d;
       }
@@ -861,11 +862,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       }
     }
-    uint32_t bp[KT][NT][2];
+    uint32_t bp[KTs][NT][2];
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
 #pragma unroll
-      for (int kt = 0; kt < KT; ++kt)
+      for (int kt = 0; kt < KTs; ++kt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const float p0 = ex2(s[kt][h][2 * n]), p1 = ex2(s[kt][h][2 * n + 1]);
@@ -884,7 +885,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int n = 0; n < NT; ++n) o1[n][0] = o1[n][1] = o1[n][2] = o1[n][3] = 0.0f;
 #pragma unroll
-    for (int kt = 0; kt < KT; ++kt) {
+    for (int kt = 0; kt < KTs; ++kt) {
       if constexpr (kFrag) {  // vwords(kt, mt, a): m-tile mt's A fragment in the ldmatrix mapping
 #pragma unroll
         for (int mt = 0; mt < T::kMT; ++mt) {
@@ -1277,13 +1278,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               w[j] = sl < n ? x[j] : 0u;
             }
           };
-          float s[KT][2][4];
+          // one k-tile of scores (kWT <= 16 tokens): softmax_pv runs on it alone, not on a whole
+          // KT-k-tile warp tile of which all but the first would be masked (run 58, ncu: ~1400
+          // instructions per warp for its 16 window tokens at 64 x 16384, 8x a coded token's)
+          float s[1][2][4];
 #pragma unroll
-          for (int kt = 0; kt < KT; ++kt)
+          for (int h = 0; h < 2; ++h)
 #pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s[kt][h][e] = -INFINITY;
+            for (int e = 0; e < 4; ++e) s[0][h][e] = -INFINITY;
           {
             float s0[2][4], s1[2][4];
 #pragma unroll
