@@ -24,12 +24,12 @@ num_cols = [i for i, h in enumerate(hdr) if re.search(r'[Ss]ampl|stall|Instructi
 def val(r, i):
     try: return float(r[i].replace(',', ''))
     except: return 0.0
-phase, acc, names = 0, collections.defaultdict(lambda: collections.defaultdict(float)), {}
+phase, acc = 0, collections.defaultdict(lambda: collections.defaultdict(float))
 hot = collections.defaultdict(list)
 for r in data:
     if len(r) <= src: continue
     s = r[src]
-    if 'SR_CLOCKLO' in s or 'SR_CLOCK' in s: phase += 1
+    if 'SR_CLOCKLO' in s: phase += 1
     for i in num_cols: acc[phase][hdr[i]] += val(r, i)
     hot[phase].append((val(r, num_cols[0]) if num_cols else 0, s, [r[i] for i in num_cols]))
 for ph in sorted(acc):
