@@ -24,7 +24,10 @@
 //    exactly as it lands, with no register moves. With one row tile a single A fragment
 //    serves two k-steps (rows g for the even one, rows g + 8 for the odd one, two chains).
 //    Values: Oᵀ[16 dims × 8 rows] += V̂ᵀ · Pᵀ, where the score fragment (row g, tokens 2t,
-//    2t + 1) is already P's B fragment: no shuffles between the two products. d8 values with
+//    2t + 1) is already P's B fragment: no shuffles between the two products. Kernels with one
+//    row tile, several k-tiles per warp tile and E4M3 or int8 key centroids score token-major
+//    instead (kTM): S[16 tokens × 8 rows] = K̃ · q̃ᵀ, the centroids of tokens g and g + 8 as the
+//    A operand, half the score MMAs, P moved to its B fragment by movmatrix (run 60). d8 values with
 //    fp16 centroids come as V̂ᵀ's A fragments straight from `ldmatrix.x4.trans` (a 16-byte
 //    centroid is one row of an 8×8 matrix); d4 centroids are paired per register by PRMT.
 //    Register pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per
@@ -460,18 +463,29 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     const int hi = p.causal ? min(L, pos + 1) : L;
     lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
   }
-  int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
-#pragma unroll
-  for (int n = 0; n < NT; ++n) {
-    const int gr = rchunk * kRows + n * 8 + g;
+  // bounds [lo, hi) of the visible tokens of row r of this chunk (dead rows: everything)
+  auto row_bounds = [&](int r, int& lo, int& hi) {
+    const int gr = rchunk * kRows + r;
     if (gr < rows_total) {
       const int pos = L - p.q_tail + gr / G;
-      lo_t[n] = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
-      hi_t[n] = p.causal ? min(L, pos + 1) : L;
+      lo = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
+      hi = p.causal ? min(L, pos + 1) : L;
     } else {
-      lo_t[n] = 0, hi_t[n] = INT_MAX;
+      lo = 0, hi = INT_MAX;
     }
-  }
+  };
+  int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
+#pragma unroll
+  for (int n = 0; n < NT; ++n) row_bounds(n * 8 + g, lo_t[n], hi_t[n]);
+  // One row tile: the coded tokens' scores run token-major (kTM, see softmax_pv_t), where a lane
+  // holds rows 2t and 2t + 1, for the codebook formats whose key centroids arrive word by word
+  // (E4M3 through conversions, int8 as 32-bit words): an fp16 centroid's 64-bit load would be
+  // split into the A quad by moves (+2%), and 32-bit loads instead cost 17-20% (runs 60-61). Not
+  // with one k-tile per warp tile either (the 16-warp kernels' 128-register cap): ptxas then
+  // builds the quads with moves too, and spills.
+  constexpr bool kTM = NT == 1 && KT >= 2 && CBF != 0;
+  [[maybe_unused]] int loT[2], hiT[2];
+  if constexpr (kTM) row_bounds(2 * t, loT[0], hiT[0]), row_bounds(2 * t + 1, loT[1], hiT[1]);
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
   const int64_t Nc = max(0, cB - cA);
   const int wA = max(lo_u, n_code), wB = min(hi_u, L);
@@ -665,6 +679,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
     }
   };
+  // kTM: the queries are the B operand, k-step ks's fragment (the same two words of row g) kept
+  // as an aligned register pair, so the MMAs need no moves.
+  [[maybe_unused]] uint32_t qb[kTM ? T::kKSteps : 1][2];
+  auto load_qb = [&]() {
+    constexpr int kW = D / 8;
+    uint32_t w0[kW];
+    lds_words16<kW>(sQt + g * T::kQRowB + t * T::kQSegB, w0);
+#pragma unroll
+    for (int ks = 0; ks < T::kKSteps; ++ks) {
+      const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
+      const int wl = (i * KS + 4 * part) / 2;
+      qb[ks][0] = w0[wl], qb[ks][1] = w0[wl + 1];
+    }
+  };
   // int8 keys: scores run on mma m16n8k32 (s8 · s8 → s32). K-step ks covers 32 permuted dims:
   // lane (g, t) puts the 8 dims of its sub-vectors 2ks, 2ks + 1 (d4) or ks (d8) at k = 4t..4t+3
   // and 16 + 4t..16 + 4t + 3 — the B fragment is the gathered int8 centroid(s) as they land, the
@@ -674,18 +702,23 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   constexpr int kQA8 = NT == 2 ? kKSteps8 : kKSteps8 / 2;
   [[maybe_unused]] uint32_t qa8[T::kI8 ? kQA8 : 1][4];
   [[maybe_unused]] float qs8[NT];  // score scale of rows g (and g + 8)
+  [[maybe_unused]] float qs8T[2];  // kTM: of rows 2t, 2t + 1
   auto load_qa8 = [&]() {
     if constexpr (T::kI8) {
       constexpr int kW = D / 16;  // 32-bit words per segment (D/4 int8)
       uint32_t w0[kW], w1[NT == 2 ? kW : 1];
       lds_words16<kW>(sQ8 + g * T::kQ8RowB + t * T::kQ8SegB, w0);
       qs8[0] = sQs[g];
+      if constexpr (kTM) qs8T[0] = sQs[2 * t], qs8T[1] = sQs[2 * t + 1];
       if constexpr (NT == 2) lds_words16<kW>(sQ8 + (8 + g) * T::kQ8RowB + t * T::kQ8SegB, w1), qs8[1] = sQs[8 + g];
 #pragma unroll
       for (int ks = 0; ks < kKSteps8; ++ks) {
         if constexpr (NT == 2) {
           qa8[ks][0] = w0[2 * ks], qa8[ks][2] = w0[2 * ks + 1];
           qa8[ks][1] = w1[2 * ks], qa8[ks][3] = w1[2 * ks + 1];
+        } else if constexpr (kTM) {  // k-step ks's B fragment (words 2ks, 2ks + 1) as an aligned pair
+          qa8[ks / 2][2 * (ks & 1)] = w0[2 * ks];
+          qa8[ks / 2][2 * (ks & 1) + 1] = w0[2 * ks + 1];
         } else {
           qa8[ks / 2][ks & 1] = w0[2 * ks];
           qa8[ks / 2][2 + (ks & 1)] = w0[2 * ks + 1];
@@ -699,6 +732,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   float m[NT], l[NT], mb[NT], o[T::kMT][NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f, mb[n] = 0.0f;
+  // kTM: the same state for rows 2t, 2t + 1 during the coded tokens (lT: this lane's tokens only)
+  [[maybe_unused]] float mT[2] = {-INFINITY, -INFINITY}, lT[2] = {0.0f, 0.0f}, mbT[2] = {0.0f, 0.0f};
   // the start value of a score accumulator (row g: elements 0, 1; row g + 8: 2, 3, which
   // with one row tile hold the odd k-steps' partial sums and start at 0)
   auto score_init = [&](int e) -> float { return e < 2 ? -mb[0] : (NT == 2 ? -mb[NT - 1] : 0.0f); };
@@ -803,77 +838,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
   };
 
-  // Online softmax over KTs k-tiles (a warp tile of codes, or one k-tile of staged window rows),
-  // then O += P·V̂ with V̂ words from vwords(kt, i, w), where
-  // lane (g, t) holds the value codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 of a k-tile.
-  // The scores s arrive offset by −mb (the accumulators started there), mb = the running row
-  // max m where finite, else 0: p = 2^s needs no subtraction.
-  // Lazy rescaling: the exponentials use the running row max m as long as no score exceeds it
-  // by more than kLazy (log2 units), so P <= 2^kLazy stays well inside fp16 and fp32 sums;
-  // only then (always on a row's first visible tile) is the exact row max reduced across the
-  // quad, O, l rescaled and the tile's scores moved to the new offset. The common path has no
-  // shuffle at all: the probabilities of row g, tokens 2t, 2t + 1 are exactly the B fragment
-  // the value MMA wants.
-  // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
-  // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format); VFragTag:
-  // vwords(kt, mt, a) hands over m-tile mt's A fragment ready (the ldmatrix mapping).
-  auto softmax_pv = [&]<int KTs>(float (&s)[KTs][2][4], auto vals8_tag, auto&& vwords) {
+  // O += P·V̂ over KTs k-tiles: bp[kt][n][h] is P's B fragment (row n·8 + g, tokens kt·16 + 8h +
+  // 2t, 2t + 1 of the tile), V̂ words from vwords(kt, i, w) (see softmax_pv below).
+  auto pv = [&]<int KTs>(const uint32_t (&bp)[KTs][NT][2], auto vals8_tag, auto&& vwords) {
     constexpr bool kFrag = std::is_same_v<std::decay_t<decltype(vals8_tag)>, VFragTag>;
     constexpr bool kVals8 = !kFrag && decltype(vals8_tag)::value;
-    constexpr float kLazy = 8.0f;
-    bool need = false;
-    float lm[NT];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      lm[n] = fmaxf(fmaxf(s[0][0][2 * n], s[0][0][2 * n + 1]), fmaxf(s[0][1][2 * n], s[0][1][2 * n + 1]));
-#pragma unroll
-      for (int kt = 1; kt < KTs; ++kt)
-        lm[n] = fmaxf(lm[n], fmaxf(fmaxf(s[kt][0][2 * n], s[kt][0][2 * n + 1]),
-                                   fmaxf(s[kt][1][2 * n], s[kt][1][2 * n + 1])));
-      need |= lm[n] > m[n] - mb[n] + kLazy;  // m = −∞: any finite score
-    }
-    if (__any_sync(0xffffffffu, need)) {
-      float sc[NT];
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        float mx = lm[n];
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[n], mx + mb[n]);
-        sc[n] = mnew == -INFINITY ? 1.0f : ex2(m[n] - mnew);
-        m[n] = mnew;
-        l[n] *= sc[n];
-        // move this tile's scores from the old offset to the new one
-        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mb[n] - mb_new;
-        mb[n] = mb_new;
-#pragma unroll
-        for (int kt = 0; kt < KTs; ++kt)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) s[kt][h][2 * n] += d, s[kt][h][2 * n + 1] += d;
-      }
-      // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r)
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const float s0 = __shfl_sync(0xffffffffu, sc[n], 8 * t), s1 = __shfl_sync(0xffffffffu, sc[n], 8 * t + 4);
-#pragma unroll
-        for (int mt = 0; mt < T::kMT; ++mt) {
-          o[mt][n][0] *= s0, o[mt][n][1] *= s1;
-          o[mt][n][2] *= s0, o[mt][n][3] *= s1;
-        }
-      }
-    }
-    uint32_t bp[KTs][NT][2];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) {
-#pragma unroll
-      for (int kt = 0; kt < KTs; ++kt)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float p0 = ex2(s[kt][h][2 * n]), p1 = ex2(s[kt][h][2 * n + 1]);
-          l[n] += p0 + p1;
-          bp[kt][n][h] = pack_half2(p0, p1);
-        }
-    }
     // int8 values: a value element enters the MMA as the fp16 1024 + u (u = x + 128, the offset-
     // binary byte: one PRMT puts it under fp16's exponent byte 0x64, exact), so O gains
     // Σ p·(x + 1152); o1 sums this tile's p with the same fp16 P on the same tensor cores (an
@@ -963,9 +932,149 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           for (int e = 0; e < 4; ++e) o[mt][n][e] = fmaf(-1152.0f, o1[n][e], o[mt][n][e]);
   };
 
+  // Online softmax over KTs k-tiles (a warp tile of codes, or one k-tile of staged window rows),
+  // then O += P·V̂ with V̂ words from vwords(kt, i, w), where
+  // lane (g, t) holds the value codes of tokens 2t, 2t + 1, 2t + 8, 2t + 9 of a k-tile.
+  // The scores s arrive offset by −mb (the accumulators started there), mb = the running row
+  // max m where finite, else 0: p = 2^s needs no subtraction.
+  // Lazy rescaling: the exponentials use the running row max m as long as no score exceeds it
+  // by more than kLazy (log2 units), so P <= 2^kLazy stays well inside fp16 and fp32 sums;
+  // only then (always on a row's first visible tile) is the exact row max reduced across the
+  // quad, O, l rescaled and the tile's scores moved to the new offset. The common path has no
+  // shuffle at all: the probabilities of row g, tokens 2t, 2t + 1 are exactly the B fragment
+  // the value MMA wants.
+  // vals8_tag: whether vwords yields int8 centroid bytes (coded tokens with int8 values) or
+  // fp16 words (fp16/E4M3 centroids, and the exact window rows in every format); VFragTag:
+  // vwords(kt, mt, a) hands over m-tile mt's A fragment ready (the ldmatrix mapping).
+  constexpr float kLazy = 8.0f;
+  auto softmax_pv = [&]<int KTs>(float (&s)[KTs][2][4], auto vals8_tag, auto&& vwords) {
+    bool need = false;
+    float lm[NT];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      lm[n] = fmaxf(fmaxf(s[0][0][2 * n], s[0][0][2 * n + 1]), fmaxf(s[0][1][2 * n], s[0][1][2 * n + 1]));
+#pragma unroll
+      for (int kt = 1; kt < KTs; ++kt)
+        lm[n] = fmaxf(lm[n], fmaxf(fmaxf(s[kt][0][2 * n], s[kt][0][2 * n + 1]),
+                                   fmaxf(s[kt][1][2 * n], s[kt][1][2 * n + 1])));
+      need |= lm[n] > m[n] - mb[n] + kLazy;  // m = −∞: any finite score
+    }
+    if (__any_sync(0xffffffffu, need)) {
+      float sc[NT];
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        float mx = lm[n];
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+        const float mnew = fmaxf(m[n], mx + mb[n]);
+        sc[n] = mnew == -INFINITY ? 1.0f : ex2(m[n] - mnew);
+        m[n] = mnew;
+        l[n] *= sc[n];
+        // move this tile's scores from the old offset to the new one
+        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mb[n] - mb_new;
+        mb[n] = mb_new;
+#pragma unroll
+        for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) s[kt][h][2 * n] += d, s[kt][h][2 * n + 1] += d;
+      }
+      // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r)
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const float s0 = __shfl_sync(0xffffffffu, sc[n], 8 * t), s1 = __shfl_sync(0xffffffffu, sc[n], 8 * t + 4);
+#pragma unroll
+        for (int mt = 0; mt < T::kMT; ++mt) {
+          o[mt][n][0] *= s0, o[mt][n][1] *= s1;
+          o[mt][n][2] *= s0, o[mt][n][3] *= s1;
+        }
+      }
+    }
+    uint32_t bp[KTs][NT][2];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+#pragma unroll
+      for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float p0 = ex2(s[kt][h][2 * n]), p1 = ex2(s[kt][h][2 * n + 1]);
+          l[n] += p0 + p1;
+          bp[kt][n][h] = pack_half2(p0, p1);
+        }
+    }
+    pv(bp, vals8_tag, vwords);
+  };
+
+  // The coded tokens' softmax with token-major scores (one row tile, see kTM): s[kt][e] is the
+  // score of token kt·16 + g + 8·(e >> 1) and row 2t + (e & 1), offset by −mbT of its row. The
+  // state mT, lT, mbT is that of rows 2t, 2t + 1 (lT a partial sum over this lane's tokens),
+  // which are also the rows of O's columns on this lane: rescaling O needs no shuffle. P goes
+  // to the value MMA's B fragment (row g, tokens 2t, 2t + 1 | 2t + 8, 2t + 9) by one movmatrix
+  // transpose per 8 tokens.
+  auto softmax_pv_t = [&]<int KTs>(float (&s)[KTs][4], auto vals8_tag, auto&& vwords) {
+    bool need = false;
+    float lm[2];
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      lm[r] = fmaxf(s[0][r], s[0][2 + r]);
+#pragma unroll
+      for (int kt = 1; kt < KTs; ++kt) lm[r] = fmaxf(lm[r], fmaxf(s[kt][r], s[kt][2 + r]));
+      need |= lm[r] > mT[r] - mbT[r] + kLazy;  // m = −∞: any finite score
+    }
+    if (__any_sync(0xffffffffu, need)) {
+      float sc[2];
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        float mx = lm[r];  // the row's tokens are spread over the 8 lanes g
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+        mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+        const float mnew = fmaxf(mT[r], mx + mbT[r]);
+        sc[r] = mnew == -INFINITY ? 1.0f : ex2(mT[r] - mnew);
+        mT[r] = mnew;
+        lT[r] *= sc[r];
+        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mbT[r] - mb_new;
+        mbT[r] = mb_new;
+#pragma unroll
+        for (int kt = 0; kt < KTs; ++kt) s[kt][r] += d, s[kt][2 + r] += d;
+      }
+#pragma unroll
+      for (int mt = 0; mt < T::kMT; ++mt) {
+        o[mt][0][0] *= sc[0], o[mt][0][1] *= sc[1];
+        o[mt][0][2] *= sc[0], o[mt][0][3] *= sc[1];
+      }
+    }
+    uint32_t bp[KTs][NT][2];
+#pragma unroll
+    for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float p0 = ex2(s[kt][2 * h]), p1 = ex2(s[kt][2 * h + 1]);
+        lT[0] += p0, lT[1] += p1;
+        // (token g + 8h; rows 2t, 2t + 1) transposed to (row g; tokens 8h + 2t, 8h + 2t + 1)
+        bp[kt][0][h] = movm_trans(pack_half2(p0, p1));
+      }
+    pv(bp, vals8_tag, vwords);
+  };
+  // the coded tokens' softmax and P·V̂ in whichever score layout the kernel uses
+  auto smx_pv = [&](auto& s, auto vals8_tag, auto&& vwords) {
+    if constexpr (kTM) softmax_pv_t(s, vals8_tag, vwords);
+    else softmax_pv(s, vals8_tag, vwords);
+  };
+  // Masks token-major scores s[kt][e] (token base + kt·16 + g + 8·(e >> 1), row 2t + (e & 1)).
+  auto mask_scores_t = [&]<int KTs>(float (&s)[KTs][4], int base, int end) {
+#pragma unroll
+    for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int tok = base + kt * 16 + g + 8 * (e >> 1);
+        if (tok >= end || tok < loT[e & 1] || tok >= hiT[e & 1]) s[kt][e] = -INFINITY;
+      }
+  };
+
   // ---- coded tokens -------------------------------------------------------------------------
   if (has_code) {
     if constexpr (T::kI8) load_qa8();
+    else if constexpr (kTM) load_qb();
     else load_qa(sQt);
     const int kw0 = (t * T::kKBits) >> 5, ksh = (t * T::kKBits) & 31;
     const int vw0 = (g * T::kVBits) >> 5, vsh = (g * T::kVBits) & 31;
@@ -1007,10 +1116,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       }
     };
+    // int8 keys: the 8 key bytes of k-step ks (32 permuted dims) of the token whose code stream
+    // is a: two d4 centroids or one d8 centroid, as two words
+    [[maybe_unused]] auto gather_i8 = [&](const uint32_t (&a)[T::kKA], int ks, uint32_t (&b)[2]) {
+      if constexpr (KS == 4) b[0] = lds_u32(k_at(a, 2 * ks)), b[1] = lds_u32(k_at(a, 2 * ks + 1));
+      else lds_entry_s<8>(k_at(a, ks), b);
+    };
     // One warp tile: scores (two accumulator chains per 8 tokens for ILP), masks, softmax and
     // P·V̂, from the codes in `cur`.
     auto process = [&](const Tile& cur, int base) {
-      float s[KT][2][4];
+      std::conditional_t<kTM, float[KT][4], float[KT][2][4]> s;
 #pragma unroll
       for (int kt = 0; kt < KT; ++kt) {
         uint32_t a0[T::kKA], a1[T::kKA];  // the key code streams of tokens g and g + 8
@@ -1021,18 +1136,45 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           realign(cur.k[kt][0], ksh, a0);
           realign(cur.k[kt][1], ksh, a1);
         }
-        if constexpr (T::kI8) {
+        if constexpr (kTM) {
+          // token-major: the centroids of tokens g (a0, a2) and g + 8 (a1, a3) as the A operand,
+          // row g of the queries as the B operand, one MMA per k-step and 16 tokens
+          if constexpr (T::kI8) {
+            int acc[2][4] = {};
+#pragma unroll
+            for (int ks = 0; ks < kKSteps8; ++ks) {
+              uint32_t b0[2], b1[2];  // tokens g and g + 8
+              gather_i8(a0, ks, b0), gather_i8(a1, ks, b1);
+              const uint32_t(&q)[4] = qa8[ks / 2];
+              mma_s8(acc[ks & 1], b0[0], b1[0], b0[1], b1[1], q[2 * (ks & 1)], q[2 * (ks & 1) + 1]);
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[kt][e] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[e & 1], -mbT[e & 1]);
+          } else {
+            float acc[2][4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[0][e] = -mbT[e & 1], acc[1][e] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < T::kKSpt; ++i) {
+              uint32_t e0[KS / 2], e1[KS / 2];
+              lds_centroid<KS, CBF == 1>(k_at(a0, i), e0);
+              lds_centroid<KS, CBF == 1>(k_at(a1, i), e1);
+#pragma unroll
+              for (int part = 0; part < T::kKStepsPerSub; ++part) {
+                const int ks = i * T::kKStepsPerSub + part;
+                mma_f16(acc[ks & 1], e0[2 * part], e1[2 * part], e0[2 * part + 1], e1[2 * part + 1], qb[ks][0],
+                        qb[ks][1]);
+              }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[kt][e] = acc[0][e] + acc[1][e];
+          }
+        } else if constexpr (T::kI8) {
           int ev[2][4] = {}, od[2][4] = {};
 #pragma unroll
           for (int ks = 0; ks < kKSteps8; ++ks) {
             uint32_t b0[2], b1[2];  // tokens g and g + 8
-            if constexpr (KS == 4) {
-              b0[0] = lds_u32(k_at(a0, 2 * ks)), b0[1] = lds_u32(k_at(a0, 2 * ks + 1));
-              b1[0] = lds_u32(k_at(a1, 2 * ks)), b1[1] = lds_u32(k_at(a1, 2 * ks + 1));
-            } else {
-              lds_entry_s<8>(k_at(a0, ks), b0);
-              lds_entry_s<8>(k_at(a1, ks), b1);
-            }
+            gather_i8(a0, ks, b0), gather_i8(a1, ks, b1);
             const uint32_t(&q)[4] = qa8[NT == 2 ? ks : ks / 2];
             int(&acc)[2][4] = (ks & 1) ? od : ev;
             mma_s8(acc[0], q[0], q[1], q[2], q[3], b0[0], b0[1]);
@@ -1069,15 +1211,18 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         }
       }
       const bool full = base + T::kWarpTok <= c1 && base >= lo_max && base + T::kWarpTok <= hi_min;
-      if (!full) mask_scores(s, base, c1);
+      if (!full) {
+        if constexpr (kTM) mask_scores_t(s, base, c1);
+        else mask_scores(s, base, c1);
+      }
       if constexpr (kNM) {
         uint32_t vad[KT][T::kMT];
 #pragma unroll
         for (int kt = 0; kt < KT; ++kt) v_addrs_ldsm(cur.vr[kt], vad[kt]);
-        softmax_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) { ldsm_x4_trans(vad[kt][mt], a); });
+        smx_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) { ldsm_x4_trans(vad[kt][mt], a); });
         return;
       }
-      softmax_pv(s, integral_constant<bool, T::kV8>{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+      smx_pv(s, integral_constant<bool, T::kV8>{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           uint32_t a[T::kVA];
@@ -1199,6 +1344,20 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       else coded(std::false_type{});
     } else {
       coded(std::false_type{});
+    }
+    if constexpr (kTM) {
+      // back to the row-g state of the window tokens and the combine: row g's max and offset
+      // from a lane with t = g / 2; its sum over the 8 lanes g, held by quad lane t = 0
+#pragma unroll
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int x = 4; x < 32; x <<= 1) lT[r] += __shfl_xor_sync(0xffffffffu, lT[r], x);
+      const int src = g >> 1;
+      const float m0 = __shfl_sync(0xffffffffu, mT[0], src), m1 = __shfl_sync(0xffffffffu, mT[1], src);
+      const float b0 = __shfl_sync(0xffffffffu, mbT[0], src), b1 = __shfl_sync(0xffffffffu, mbT[1], src);
+      const float l0 = __shfl_sync(0xffffffffu, lT[0], src), l1 = __shfl_sync(0xffffffffu, lT[1], src);
+      m[0] = (g & 1) ? m1 : m0, mb[0] = (g & 1) ? b1 : b0;
+      l[0] = t == 0 ? ((g & 1) ? l1 : l0) : 0.0f;
     }
     // E4M3 value centroids are stored times v_cb_scale: undo it before the exact window
     // tokens add to the same accumulators (a power of two: exact in fp32)
