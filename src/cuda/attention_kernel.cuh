@@ -303,6 +303,19 @@ __device__ __forceinline__ void lds_entry_s(uint32_t a, uint32_t (&w)[E / 4]) {
   }
 }
 
+/// One softmax row once its tile's max mx (in the tile's offset units) is known: the running max
+/// m, sum l and score offset mb (m where finite, else 0) move to the new max; sc is the factor
+/// for l and O, d the shift that moves the tile's scores to the new offset.
+__device__ __forceinline__ void raise_row_max(float mx, float& m, float& l, float& mb, float& sc, float& d) {
+  const float mnew = fmaxf(m, mx + mb);
+  sc = mnew == -INFINITY ? 1.0f : ex2(m - mnew);
+  m = mnew;
+  l *= sc;
+  const float mb_new = mnew == -INFINITY ? 0.0f : mnew;
+  d = mb - mb_new;
+  mb = mb_new;
+}
+
 /// Two E4M3 values (the low 16 bits of x) as an f16x2 word (exact: E4M3 ⊂ fp16).
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t x) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
@@ -966,13 +979,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         float mx = lm[n];
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-        const float mnew = fmaxf(m[n], mx + mb[n]);
-        sc[n] = mnew == -INFINITY ? 1.0f : ex2(m[n] - mnew);
-        m[n] = mnew;
-        l[n] *= sc[n];
-        // move this tile's scores from the old offset to the new one
-        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mb[n] - mb_new;
-        mb[n] = mb_new;
+        float d;  // move this tile's scores from the old offset to the new one
+        raise_row_max(mx, m[n], l[n], mb[n], sc[n], d);
 #pragma unroll
         for (int kt = 0; kt < KTs; ++kt)
 #pragma unroll
@@ -1028,12 +1036,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
         mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
-        const float mnew = fmaxf(mT[r], mx + mbT[r]);
-        sc[r] = mnew == -INFINITY ? 1.0f : ex2(mT[r] - mnew);
-        mT[r] = mnew;
-        lT[r] *= sc[r];
-        const float mb_new = mnew == -INFINITY ? 0.0f : mnew, d = mbT[r] - mb_new;
-        mbT[r] = mb_new;
+        float d;
+        raise_row_max(mx, mT[r], lT[r], mbT[r], sc[r], d);
 #pragma unroll
         for (int kt = 0; kt < KTs; ++kt) s[kt][r] += d, s[kt][2 + r] += d;
       }
