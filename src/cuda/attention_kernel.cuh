@@ -27,7 +27,7 @@
 //    2t + 1) is already P's B fragment: no shuffles between the two products. Kernels with one
 //    row tile, several k-tiles per warp tile and E4M3 or int8 key centroids score token-major
 //    instead (kTM): S[16 tokens × 8 rows] = K̃ · q̃ᵀ, the centroids of tokens g and g + 8 as the
-//    A operand, half the score MMAs, P moved to its B fragment by movmatrix (run 60). d8 values with
+//    A operand, half the score MMAs, P moved to its B fragment by movmatrix (runs 60-61). d8 values with
 //    fp16 centroids come as V̂ᵀ's A fragments straight from `ldmatrix.x4.trans` (a 16-byte
 //    centroid is one row of an 8×8 matrix); d4 centroids are paired per register by PRMT.
 //    Register pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per

@@ -269,6 +269,10 @@ int run_format_cases(CodebookFormat fmt, uint64_t seed, double f32_bound) {
   cases.push_back({dflt, 128, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
   cases.push_back({d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 3});    // sharp
   cases.push_back({d4b8, 128, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});   // two-blocks/SM
+  // one row tile whose rows see different causal and sliding-window bounds (E4M3 and int8 keys
+  // score it token-major: a lane masks rows 2t, 2t + 1), all 8 rows live, then 6 of 8
+  cases.push_back({d4b8, 128, 1, 2, 4, 900, 2, 16, true, 100, DType::F16, CacheMode::MemoryBound, 1});
+  cases.push_back({d4b8, 128, 2, 1, 2, 1200, 3, 64, true, 300, DType::BF16, CacheMode::MemoryBound, 1});
   for (const Spec& s : all_specs())
     for (int D : {64, 128, 256})
       for (int r = 0; r < 2; ++r) cases.push_back(random_attn_case(s, D, rng));
