@@ -467,15 +467,6 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   int rc = p.win_all ? L : min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
   rc = max(0, min(rc, L));
   const int n_code = L - rc;
-  int lo_u = INT_MAX, hi_u = 0, lo_max = 0, hi_min = INT_MAX;
-  for (int r = 0; r < kRows; ++r) {
-    const int gr = rchunk * kRows + r;
-    if (gr >= rows_total) break;
-    const int pos = L - p.q_tail + gr / G;
-    const int lo = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
-    const int hi = p.causal ? min(L, pos + 1) : L;
-    lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
-  }
   // bounds [lo, hi) of the visible tokens of row r of this chunk (dead rows: everything)
   auto row_bounds = [&](int r, int& lo, int& hi) {
     const int gr = rchunk * kRows + r;
@@ -487,6 +478,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       lo = 0, hi = INT_MAX;
     }
   };
+  int lo_u = INT_MAX, hi_u = 0, lo_max = 0, hi_min = INT_MAX;
+  for (int r = 0; r < kRows; ++r) {
+    if (rchunk * kRows + r >= rows_total) break;
+    int lo, hi;
+    row_bounds(r, lo, hi);
+    lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
+  }
   int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
 #pragma unroll
   for (int n = 0; n < NT; ++n) row_bounds(n * 8 + g, lo_t[n], hi_t[n]);
@@ -674,6 +672,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   uint32_t qa[kQA][4];
   // Lane (g, t) takes quarter t of row g (and of row g + 8 with two row tiles): its segment,
   // read as 16-byte words, holds every element its A fragments need.
+  // The first of the two words of k-step ks in a lane's query segment: elements
+  // (t·kKSpt + i)·KS + 4·part of the row are the segment's i·KS + 4·part.
+  auto q_word = [](int ks) {
+    const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
+    return (i * KS + 4 * part) / 2;
+  };
   auto load_qa = [&](const unsigned char* src) {
     constexpr int kW = D / 8;  // 32-bit words per segment (D/4 fp16)
     uint32_t w0[kW], w1[NT == 2 ? kW : 1];
@@ -681,8 +685,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     if constexpr (NT == 2) lds_words16<kW>(src + (8 + g) * T::kQRowB + t * T::kQSegB, w1);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
-      const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
-      const int wl = (i * KS + 4 * part) / 2;  // elements (t·kKSpt + i)·KS + 4·part: the segment's i·KS + 4·part
+      const int wl = q_word(ks);
       if constexpr (NT == 2) {
         qa[ks][0] = w0[wl], qa[ks][2] = w0[wl + 1];
         qa[ks][1] = w1[wl], qa[ks][3] = w1[wl + 1];
@@ -701,8 +704,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     lds_words16<kW>(sQt + g * T::kQRowB + t * T::kQSegB, w0);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
-      const int i = ks / T::kKStepsPerSub, part = ks % T::kKStepsPerSub;
-      const int wl = (i * KS + 4 * part) / 2;
+      const int wl = q_word(ks);
       qb[ks][0] = w0[wl], qb[ks][1] = w0[wl + 1];
     }
   };
