@@ -478,12 +478,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       lo = 0, hi = INT_MAX;
     }
   };
+  // A row's query position, and with it both of its bounds, never decreases with the row, so
+  // the chunk's union [lo_u, hi_u) and intersection [lo_max, hi_min) are its first and last
+  // live rows' bounds (two rows' arithmetic instead of kRows: the setup is latency-bound)
   int lo_u = INT_MAX, hi_u = 0, lo_max = 0, hi_min = INT_MAX;
-  for (int r = 0; r < kRows; ++r) {
-    if (rchunk * kRows + r >= rows_total) break;
-    int lo, hi;
-    row_bounds(r, lo, hi);
-    lo_u = min(lo_u, lo), hi_u = max(hi_u, hi), lo_max = max(lo_max, lo), hi_min = min(hi_min, hi);
+  if (const int n_live = min(kRows, rows_total - rchunk * kRows); n_live > 0) {
+    row_bounds(0, lo_u, hi_min);
+    row_bounds(n_live - 1, lo_max, hi_u);
   }
   int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
 #pragma unroll
@@ -1685,22 +1686,27 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     __trap();  // attn_launch clusters only kernels built for sm_90+
 #endif
   } else if (S > 1) {
-    __threadfence();
+    // Arrival without a fence per thread: the barrier orders every thread's partial stores
+    // before thread 0's gpu-scope release (a release is cumulative), and the acquire half of
+    // the same atomic orders the last block's loads after every other block's release (the
+    // split-K semaphore pattern). Run 68, batch 1: the last block's merge phase went from 2.67
+    // to 2.35 us (max over blocks) without the two __threadfence() (fence.sc.gpu) it had.
     __syncthreads();
-    if (tid == 0) sFlag[0] = (atomicAdd(&p.counters[seg], 1) == S - 1);
+    if (tid == 0) sFlag[0] = (atom_add_acq_rel_gpu(&p.counters[seg], 1) == S - 1);
     __syncthreads();
     seg_done = sFlag[0] != 0;
     stamp(6);
     if (seg_done) {
-      __threadfence();
       // The merge in one round trip: it is the tail of every split launch, so latency is all
       // that matters. A warp takes 32 consecutive outputs of one row (D is a multiple of 32),
-      // kGr groups of them per pass: lane s < S loads split s's (max, sum) of the group's row
-      // into the warp's slot of the dead combine region, every lane the partials of its output,
-      // all issued before any is used; one __syncwarp, no block barrier. The version before run
-      // 52 read the statistics, then the partials, two round trips and a serial per-row loop
-      // apart: 3.6 us at batch 1 (run 39), 2.4 us now. The arithmetic, in split order, is the
-      // cluster merge's.
+      // kGr groups of them per pass: lane s < S loads split s's (max, sum) of the group's row,
+      // every lane the partials of its output, all issued before any is used; a warp reduction
+      // gives the row max, lane s puts split s's factor and sum into the warp's slot of the dead
+      // combine region; one __syncwarp, no block barrier. The version before run 52 read the
+      // statistics, then the partials, two round trips and a serial per-row loop apart: 3.6 us
+      // at batch 1 (run 39); a serial max over the slots and every lane's own exp2 per split
+      // then kept it at 2.35 us, 1.87 us without them (run 68). The arithmetic, in split order,
+      // is the cluster merge's.
       static_assert(D % 32 == 0, "a warp's 32 outputs lie in one row");
       static_assert(T::kWarps * 2 * 32 * 8 <= T::kCombineBytes, "merge slots fit the combine's space");
       // Partials in chunks of kCh splits: one round trip up to 16 splits (the batch-1 plan), one
@@ -1709,7 +1715,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       // already at 128, chunks of 8 (with 16, ptxas spilled 16 / 68 bytes in the 16-warp kernel
       // and its loop lost 2-7%: run 52).
       constexpr int kGr = T::kThreads * MINB >= 512 ? 1 : 2, kCh = kGr == 1 && CBF == 1 ? 8 : 16;
-      float2* const slot = reinterpret_cast<float2*>(region) + warp * kGr * 32;  // [groups][32 splits] (m, l)
+      float2* const slot = reinterpret_cast<float2*>(region) + warp * kGr * 32;  // [groups][32 splits] (factor, l)
       const int n_el = live_rows * D;
       const int64_t sbase = int64_t(seg) * S * kRows;
       for (int e0 = warp * 32; e0 < n_el; e0 += kGr * T::kThreads) {
@@ -1726,24 +1732,30 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
               ov[u][j] = on && sc + j < S ? __ldcg(p.ws_o + (rs + int64_t(sc + j) * kRows) * D + d) : 0.0f;
           }
         };
+        // lane s < S: split s's (max, sum) of group u's row
+        float mv[kGr], lv[kGr];
 #pragma unroll
         for (int u = 0; u < kGr; ++u) {
           const int e = e0 + u * T::kThreads;
+          mv[u] = -INFINITY, lv[u] = 0.0f;
           if (e < n_el && lane < S) {
             const float* ml = p.ws_ml + (sbase + e / D + int64_t(lane) * kRows) * 2;
-            slot[u * 32 + lane] = make_float2(__ldcg(ml), __ldcg(ml + 1));
+            mv[u] = __ldcg(ml), lv[u] = __ldcg(ml + 1);
           }
         }
         load_ov(0);
-        __syncwarp();
-        float Mu[kGr], acc[kGr], lt[kGr];
+        // the row max by a warp reduction, each split's factor once (by its lane), into the slots
+        float acc[kGr], lt[kGr];
 #pragma unroll
         for (int u = 0; u < kGr; ++u) {
-          float M = -INFINITY;
-          for (int s2 = 0; s2 < S; ++s2) M = fmaxf(M, slot[u * 32 + s2].x);
-          Mu[u] = M == -INFINITY ? 0.0f : M;
+          float M = mv[u];
+#pragma unroll
+          for (int m = 16; m >= 1; m >>= 1) M = fmaxf(M, __shfl_xor_sync(0xffffffffu, M, m));
+          const float Mu = M == -INFINITY ? 0.0f : M;
+          slot[u * 32 + lane] = make_float2(lane < S ? ex2(mv[u] - Mu) : 0.0f, lv[u]);
           acc[u] = 0.0f, lt[u] = 0.0f;
         }
+        __syncwarp();
         for (int sc = 0; sc < S; sc += kCh) {
           if (sc > 0) load_ov(sc);
 #pragma unroll
@@ -1751,10 +1763,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int j = 0; j < kCh; ++j) {
               if (sc + j < S) {
-                const float2 st = slot[u * 32 + sc + j];
-                const float f = ex2(st.x - Mu[u]);
-                acc[u] += ov[u][j] * f;
-                lt[u] += st.y * f;
+                const float2 st = slot[u * 32 + sc + j];  // (factor, sum) of split sc + j
+                acc[u] += ov[u][j] * st.x;
+                lt[u] += st.y * st.x;
               }
             }
         }

@@ -68,6 +68,15 @@ __device__ __forceinline__ uint4 ld_stream_u128(const void* p) {
   return v;
 }
 
+/// atomicAdd with acquire-release semantics at gpu scope (returns the old value): thread 0's
+/// arrival on a counter after a block barrier publishes the whole block's prior stores, and
+/// the thread that reads the final count sees every arrival's stores.
+__device__ __forceinline__ int atom_add_acq_rel_gpu(int* p, int v) {
+  int old;
+  asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+  return old;
+}
+
 /// Asks L2 to fetch [p, p + bytes) ahead of use (sm_90 bulk prefetch; a no-op before).
 /// p and bytes are rounded outward to 16 bytes; the buffers carry slack for that.
 __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
