@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
-       value_gathers = false, no_cluster = false;
+       value_gathers = false, no_cluster = false, no_hint = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -254,6 +254,7 @@ int main(int argc, char** argv) {
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
     else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
+    else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
@@ -422,6 +423,10 @@ int main(int argc, char** argv) {
     if (window_weight > 0) p.window_weight = window_weight;
     p.n_row_chunks = 1;
     p.rows_per_chunk = 8;
+    if (!fp && !no_hint) {  // the length hint, as an eager cache call passes it (CudaCacheBase::run_attention)
+      p.hint_ncode = L - kR;
+      p.hint_chunk = int(cuda::attn_split_chunk(int64_t(L - kR) + int64_t(p.window_weight) * kR, S));
+    }
     p.ws_o = bf.ws_o;
     p.ws_ml = bf.ws_ml;
     p.counters = bf.counters;

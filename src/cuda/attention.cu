@@ -111,6 +111,8 @@ void ensure_smem_attr(const AttnEntry& e) {
 
 std::atomic<bool> g_cluster_allowed{true};
 std::atomic<long long> g_cluster_launches{0};
+std::atomic<int> g_hint_shift{0};  // attn_set_hint_shift (tests)
+std::atomic<long long> g_hinted_launches{0};
 const char* g_cluster_query_error = "";  // the last failed occupancy query (diagnosis)
 
 /// The launch configuration of entry e's kernel over `grid`, with the grid's x blocks (a
@@ -244,6 +246,9 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_VALUE(p.n_splits == 1 || (p.ws_o && p.ws_ml && p.counters),
                  "CUDA attention: a split launch needs a workspace (plan first)");
   VQ_CHECK_VALUE(!p.advance || p.done_counter, "CUDA attention: advancing lengths needs the done counter");
+  VQ_CHECK_VALUE(p.hint_chunk <= 0 || (!p.win_all && p.hint_ncode >= 0 && p.hint_ncode <= p.code_cap),
+                 "CUDA attention: length hint (hint_ncode " << p.hint_ncode << ") outside the code capacity 0.."
+                                                           << p.code_cap << ", or given to a window-only launch");
   const int64_t gy = int64_t(p.n_kv_heads) * p.n_row_chunks;
   VQ_CHECK_VALUE(gy <= 65535 && p.batch <= 65535,
                  "CUDA attention: grid too large (n_kv_heads·row chunks = " << gy << ", batch = " << p.batch << ")");
@@ -260,8 +265,18 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
     }
   }
   ensure_smem_attr(*e);
+  if (p.hint_chunk > 0) g_hinted_launches.fetch_add(1);
+  if (const int shift = g_hint_shift.load(); shift != 0 && p.hint_chunk > 0) {  // test hook
+    AttnParams q = p;
+    q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
+    launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream);
+    return;
+  }
   launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream);
 }
+
+int attn_set_hint_shift(int shift) { return g_hint_shift.exchange(shift); }
+long long attn_hinted_launches() { return g_hinted_launches.load(); }
 
 int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error) {
   const AttnEntry* e = find(k);

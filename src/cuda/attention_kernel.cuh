@@ -463,8 +463,23 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   // ---- lengths, visibility, this block's share ---------------------------------------------
-  const int L = p.seq_len[b] + p.n_new;
-  int rc = p.win_all ? L : min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
+  const int len_b = p.seq_len[b], rcount_b = p.res_count ? p.res_count[b] : 0;  // loads issued, not waited on
+  // The host's hint (eager calls): this split's first ring stages' code tiles into L2 now, while
+  // the lengths, queries and codebooks are on their way, so the first stages' copies find them
+  // there. Issued after those loads (a prefetch at entry delayed them: run 72, setup +2 us),
+  // and only what the first stages read; a few instructions (run 67: computing the whole
+  // share for it delayed the setup more than it saved).
+  if (p.hint_chunk > 0 && tid == 0) {
+    const int c0h = int(min(int64_t(split) * p.hint_chunk, int64_t(p.hint_ncode)));
+    const int eh = min(p.hint_ncode, c0h + (PIPE > 1 ? PIPE - 1 : 1) * T::kBlockTok);
+    if (eh > c0h) {
+      const int64_t bhh = int64_t(b) * p.n_kv_heads + kvh;
+      prefetch_l2(p.k_codes + (bhh * p.code_cap + c0h) * p.k_row_stride, uint32_t(eh - c0h) * p.k_row_stride);
+      prefetch_l2(p.v_codes + (bhh * p.code_cap + c0h) * p.v_row_stride, uint32_t(eh - c0h) * p.v_row_stride);
+    }
+  }
+  const int L = len_b + p.n_new;
+  int rc = p.win_all ? L : min(p.residual_length, rcount_b + p.n_new);
   rc = max(0, min(rc, L));
   const int n_code = L - rc;
   // bounds [lo, hi) of the visible tokens of row r of this chunk (dead rows: everything)
@@ -504,7 +519,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   const int64_t Nw = max(0, wB - wA);
   const int64_t ww = p.window_weight;
   const int64_t units = Nc + ww * Nw;
-  const int64_t chunk = ((units + S - 1) / S + 31) / 32 * 32;
+  const int64_t chunk = attn_split_chunk(units, S);
   const int64_t u0 = min(units, int64_t(split) * chunk), u1 = min(units, u0 + chunk);
   const int c0 = int(cA + min(u0, Nc)), c1 = int(cA + min(u1, Nc));
   int w0 = 0, w1 = 0;

@@ -73,6 +73,14 @@ struct AttnParams {
   int advance = 0;  ///< 1: the last block adds n_new to seq_len/res_count (decode step)
   int32_t* seq_len_rw = nullptr;
   int32_t* res_count_rw = nullptr;
+  /// Eager calls, whose host mirror of the lengths is exact: the coded tokens every sequence
+  /// holds (hint_ncode) and the split length the kernel will compute from them (hint_chunk,
+  /// attn_split_chunk; 0 = no hint). A block then starts the L2 prefetch of its first ring
+  /// stages' code tiles while the device lengths are still on their way. Only a prefetch
+  /// address: what the kernel computes never depends on it (a wrong hint costs bandwidth).
+  /// Not for window-only launches (win_all).
+  int hint_chunk = 0;
+  int hint_ncode = 0;
   // masking and scale
   float scale_log2 = 0.0f;  ///< softmax scale · log2(e)
   int causal = 1;
@@ -97,6 +105,9 @@ struct AttnParams {
   int cluster_launch = 0;
 };
 constexpr int kAttnProfSlots = 10;
+/// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
+/// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.
+constexpr int64_t attn_split_chunk(int64_t units, int splits) { return ((units + splits - 1) / splits + 31) / 32 * 32; }
 /// Largest cluster (splits per segment) the kernel's cluster merge holds; 9..16 are
 /// non-portable cluster sizes on sm_90.
 constexpr int kAttnMaxClusterSplits = 16;
@@ -129,6 +140,12 @@ bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p);
 /// Process-wide switch for the cluster merge (default on): off, split launches always merge
 /// through the workspace (A/B benchmarks, tests of both paths). Returns the previous setting.
 bool attn_set_cluster_merge(bool allowed);
+/// Test hook: every later launch's hint_chunk (when set) is moved by `shift` tokens, a result
+/// <= 0 dropping the hint (0: hints as passed). The hint steers only an L2 prefetch, so outputs
+/// must not change. Returns the previous shift.
+int attn_set_hint_shift(int shift);
+/// Launches so far in this process that carried a length hint (tests check that eager calls do).
+long long attn_hinted_launches();
 /// Clustered attention launches so far in this process (tests check which path ran).
 long long attn_cluster_launches();
 

@@ -444,6 +444,55 @@ TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
               run, clustered, major * 10, worst, worst_diff);
 }
 
+// Eager fused_sdpa calls pass the host's lengths as a hint (AttnParams::hint_chunk /
+// hint_ncode): each block prefetches its first code tiles into L2 before the device lengths
+// arrive. Nothing but that prefetch may depend on it: with the hint exact, wrong either way, or
+// dropped, the outputs are equal bit for bit (split launches with a window, batch 2, two row
+// tiles, prefill chunks).
+TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x417u;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  const std::vector<AttnCase> cases = {
+      {d4b8, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1},   // 16 splits, the window in the last
+      {dflt, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1},  // batch 2
+      {d4b8, 64, 3, 2, 8, 2000, 2, 32, true, 0, DType::F32, mb, 1},     // two row tiles
+      {d4b8, 128, 2, 1, 4, 2000, 37, 64, true, 0, DType::F16, mb, 1},   // prefill chunks
+  };
+  int run = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a));
+    KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
+    c.storage_dtype = case_storage(a);
+    auto gpu = make_cuda(c);
+    for (int64_t n : {int64_t(a.prefix), int64_t(a.q_len)}) {
+      Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
+      Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
+      gpu->update(to_device(k).view(), to_device(v).view());
+    }
+    const Tensor qd = to_device(random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng));
+    SdpaParams sp;
+    sp.causal = a.causal;
+    sp.sliding_window = a.window;
+    const int prev = cuda::attn_set_hint_shift(0);
+    const long long hinted = cuda::attn_hinted_launches();
+    const std::vector<float> exact = floats(gpu->fused_sdpa(qd.view(), sp));
+    EXPECT_GT(cuda::attn_hinted_launches(), hinted) << "an eager call launched without the length hint";
+    for (int shift : {-(a.prefix / 3), -32, 32, 100000, -(1 << 30)}) {
+      cuda::attn_set_hint_shift(shift);
+      EXPECT_EQ(floats(gpu->fused_sdpa(qd.view(), sp)), exact) << "hint_chunk moved by " << shift;
+    }
+    cuda::attn_set_hint_shift(prev);
+    ++run;
+  }
+  EXPECT_GT(run, 0);
+  std::printf("[cuda attention length hints] %d cases, outputs equal with the hint exact, moved or dropped\n", run);
+}
+
 /// One decode_step captured in a CUDA graph over a CPU twin: prefix of P tokens, reserve and
 /// plan for `steps` more, fp16 step tensors. replay() runs the steps (fresh q, k, v each),
 /// comparing every step's output with the oracle on the CPU cache (codebook format fmt).
