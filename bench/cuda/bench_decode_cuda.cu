@@ -423,10 +423,8 @@ int main(int argc, char** argv) {
     if (window_weight > 0) p.window_weight = window_weight;
     p.n_row_chunks = 1;
     p.rows_per_chunk = 8;
-    if (!fp && !no_hint) {  // the length hint, as an eager cache call passes it (CudaCacheBase::run_attention)
-      p.hint_ncode = L - kR;
-      p.hint_chunk = int(cuda::attn_split_chunk(int64_t(L - kR) + int64_t(p.window_weight) * kR, S));
-    }
+    // the length hint, as an eager cache call passes it (CudaCacheBase::run_attention)
+    if (!fp && !no_hint) cuda::attn_set_length_hint(p, L, kR);
     p.ws_o = bf.ws_o;
     p.ws_ml = bf.ws_ml;
     p.counters = bf.counters;

@@ -275,6 +275,12 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream);
 }
 
+void attn_set_length_hint(AttnParams& p, int64_t len, int64_t window) {
+  const int64_t rc = std::clamp<int64_t>(window, 0, len), n_code = len - rc;
+  p.hint_ncode = int(n_code);
+  p.hint_chunk = int(attn_split_chunk(n_code + int64_t(p.window_weight) * rc, p.n_splits));
+}
+
 int attn_set_hint_shift(int shift) { return g_hint_shift.exchange(shift); }
 long long attn_hinted_launches() { return g_hinted_launches.load(); }
 

@@ -316,12 +316,8 @@ class CudaCacheBase : public CudaKVCache {
       fill_attn(p);
       // eager calls: the host mirror of the lengths is exact, so the kernel may start each
       // split's first L2 prefetch before the device lengths arrive (a hint; see AttnParams)
-      if (n_new == 0 && !p.win_all && sp.sliding_window <= 0 && !lens_.empty() && uniform() && !capturing()) {
-        const int64_t L = lens_[0];
-        const int64_t rc = std::clamp<int64_t>(std::min<int64_t>(p.residual_length, rch_.empty() ? 0 : rch_[0]), 0, L);
-        p.hint_ncode = int(L - rc);
-        p.hint_chunk = int(cuda::attn_split_chunk(L - rc + int64_t(p.window_weight) * rc, p.n_splits));
-      }
+      if (n_new == 0 && !p.win_all && sp.sliding_window <= 0 && !lens_.empty() && uniform() && !capturing())
+        cuda::attn_set_length_hint(p, lens_[0], std::min<int64_t>(p.residual_length, rch_.empty() ? 0 : rch_[0]));
       cuda::attn_launch(pl.key, p, stream_);
     }
   }

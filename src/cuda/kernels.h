@@ -140,6 +140,11 @@ bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p);
 /// Process-wide switch for the cluster merge (default on): off, split launches always merge
 /// through the workspace (A/B benchmarks, tests of both paths). Returns the previous setting.
 bool attn_set_cluster_merge(bool allowed);
+/// Sets p's length hint (hint_ncode, hint_chunk) for sequences of `len` tokens of which
+/// `window` are exact window tokens, from p's n_splits and window_weight (set those first):
+/// the share the kernel computes when every row sees the whole history (decode; no sliding
+/// window).
+void attn_set_length_hint(AttnParams& p, int64_t len, int64_t window);
 /// Test hook: every later launch's hint_chunk (when set) is moved by `shift` tokens, a result
 /// <= 0 dropping the hint (0: hints as passed). The hint steers only an L2 prefetch, so outputs
 /// must not change. Returns the previous shift.

@@ -202,22 +202,35 @@ VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat
 /// the CUDA cache's attention is compared with the oracle on the CPU cache's codes. With E4M3
 /// codebooks the oracle computes with the centroids the kernel holds (make_e4m3_codebook's
 /// decoded values), and *vs_f32 (if given) receives the NMSE against the f32-codebook oracle.
-double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt = CodebookFormat::F16,
-                     double* vs_f32 = nullptr) {
+/// A case's caches: the CUDA cache and, with_cpu, a CPU twin, both given the same tokens (a
+/// prefix, then the q_len newest).
+struct CaseCaches {
+  std::unique_ptr<VecInferKVCache> cpu;
+  std::unique_ptr<KVCache> gpu;
+};
+CaseCaches fill_case_caches(const AttnCase& a, std::mt19937_64& rng, bool with_cpu,
+                            CodebookFormat fmt = CodebookFormat::F16) {
   KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
   c.attention_codebooks = fmt;
   c.storage_dtype = case_storage(a);
-  VecInferKVCache cpu(c);
-  auto gpu = make_cuda(c);
-  auto feed = [&](int64_t n) {
-    if (n == 0) return;
+  CaseCaches cc;
+  if (with_cpu) cc.cpu = std::make_unique<VecInferKVCache>(c);
+  cc.gpu = make_cuda(c);
+  for (int64_t n : {int64_t(a.prefix), int64_t(a.q_len)}) {
+    if (n == 0) continue;
     Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
     Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
-    cpu.update(k.view(), v.view());
-    gpu->update(to_device(k).view(), to_device(v).view());
-  };
-  feed(a.prefix);
-  feed(a.q_len);
+    if (cc.cpu) cc.cpu->update(k.view(), v.view());
+    cc.gpu->update(to_device(k).view(), to_device(v).view());
+  }
+  return cc;
+}
+
+double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt = CodebookFormat::F16,
+                     double* vs_f32 = nullptr) {
+  CaseCaches cc = fill_case_caches(a, rng, true, fmt);
+  VecInferKVCache& cpu = *cc.cpu;
+  KVCache* const gpu = cc.gpu.get();
   Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
   SdpaParams p;
   p.causal = a.causal;
@@ -402,16 +415,9 @@ TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
     SCOPED_TRACE(describe(a));
-    KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
-    c.storage_dtype = case_storage(a);
-    VecInferKVCache cpu(c);
-    auto gpu = make_cuda(c);
-    for (int64_t n : {int64_t(a.prefix), int64_t(a.q_len)}) {
-      Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
-      Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
-      cpu.update(k.view(), v.view());
-      gpu->update(to_device(k).view(), to_device(v).view());
-    }
+    CaseCaches cc = fill_case_caches(a, rng, true);
+    VecInferKVCache& cpu = *cc.cpu;
+    KVCache* const gpu = cc.gpu.get();
     Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
     SdpaParams sp;
     sp.causal = a.causal;
@@ -445,8 +451,8 @@ TEST(CudaAttention, ClusterAndWorkspaceSplitMergesAgree) {
 }
 
 // Eager fused_sdpa calls pass the host's lengths as a hint (AttnParams::hint_chunk /
-// hint_ncode): each block prefetches its first code tiles into L2 before the device lengths
-// arrive. Nothing but that prefetch may depend on it: with the hint exact, wrong either way, or
+// hint_ncode): each block prefetches its first code tiles into L2 while the device lengths
+// load. Nothing but that prefetch may depend on it: with the hint exact, wrong either way, or
 // dropped, the outputs are equal bit for bit (split launches with a window, batch 2, two row
 // tiles, prefill chunks).
 TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
@@ -466,14 +472,8 @@ TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
     SCOPED_TRACE(describe(a));
-    KVCacheConfig c = vq_config(a.spec, a.mode, a.D, a.R, a.H, rng);
-    c.storage_dtype = case_storage(a);
-    auto gpu = make_cuda(c);
-    for (int64_t n : {int64_t(a.prefix), int64_t(a.q_len)}) {
-      Tensor k = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng, a.scale);
-      Tensor v = random_tensor({a.B, a.H, n, a.D}, DType::F32, rng);
-      gpu->update(to_device(k).view(), to_device(v).view());
-    }
+    CaseCaches cc = fill_case_caches(a, rng, false);
+    KVCache* const gpu = cc.gpu.get();
     const Tensor qd = to_device(random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng));
     SdpaParams sp;
     sp.causal = a.causal;
