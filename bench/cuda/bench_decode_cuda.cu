@@ -239,7 +239,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
-       value_gathers = false, no_cluster = false, no_hint = false;
+       value_gathers = false, no_cluster = false, no_hint = false, no_rows4 = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -255,10 +255,12 @@ int main(int argc, char** argv) {
     else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
+    else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   cuda::attn_set_cluster_merge(!no_cluster);
+  cuda::attn_set_rows4(!no_rows4);
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;

@@ -24,6 +24,7 @@ void attn_register_k8b12_v8b12(std::vector<AttnEntry>&);
 void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
 void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>&);
+void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
@@ -65,6 +66,21 @@ const std::vector<AttnEntry>& wide_registry() {
 
 const AttnEntry* find_wide(const AttnConfigKey& k) {
   for (const AttnEntry& e : wide_registry())
+    if (same(e.key, k)) return &e;
+  return nullptr;
+}
+
+const std::vector<AttnEntry>& rows4_registry() {
+  static const std::vector<AttnEntry> r = [] {
+    std::vector<AttnEntry> v;
+    attn_register_rows4_k4b8_v4b8(v);
+    return v;
+  }();
+  return r;
+}
+
+const AttnEntry* find_rows4(const AttnConfigKey& k) {
+  for (const AttnEntry& e : rows4_registry())
     if (same(e.key, k)) return &e;
   return nullptr;
 }
@@ -113,6 +129,17 @@ std::atomic<bool> g_cluster_allowed{true};
 std::atomic<long long> g_cluster_launches{0};
 std::atomic<int> g_hint_shift{0};  // attn_set_hint_shift (tests)
 std::atomic<long long> g_hinted_launches{0};
+std::atomic<bool> g_rows4_allowed{true};
+std::atomic<long long> g_rows4_launches{0};
+
+/// The entry a launch of configuration k with p's shape runs (before the two-blocks choice):
+/// the four-row kernel when the chunk holds at most 4 query rows and one is built, else k's.
+const AttnEntry* pick_entry(const AttnConfigKey& k, const AttnParams& p) {
+  if (k.n_tiles == 1 && g_rows4_allowed.load() && p.n_kv_heads > 0 && p.n_row_chunks == 1 &&
+      int64_t(p.n_heads / p.n_kv_heads) * p.q_len <= 4)
+    if (const AttnEntry* r = find_rows4(k)) return r;
+  return find(k);
+}
 const char* g_cluster_query_error = "";  // the last failed occupancy query (diagnosis)
 
 /// The launch configuration of entry e's kernel over `grid`, with the grid's x blocks (a
@@ -199,6 +226,8 @@ void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stre
 bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
 
 bool attn_set_cluster_merge(bool allowed) { return g_cluster_allowed.exchange(allowed); }
+bool attn_set_rows4(bool allowed) { return g_rows4_allowed.exchange(allowed); }
+long long attn_rows4_launches() { return g_rows4_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
 
 const char* attn_compiled_list() {
@@ -256,8 +285,10 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_VALUE(p.win_all || (p.k_row_stride == e->k_row && p.v_row_stride == e->v_row),
                  "CUDA attention: code row strides " << p.k_row_stride << "/" << p.v_row_stride << " differ from the "
                                                      << e->k_row << "/" << e->v_row << " the kernel is built for");
+  e = pick_entry(k, p);
+  if (e->rows4) g_rows4_launches.fetch_add(1);
   // Two waves of blocks or more (unsplit): the two-blocks-per-SM instantiation where one exists.
-  if (p.n_splits == 1) {
+  if (!e->rows4 && p.n_splits == 1) {
     if (const AttnEntry* w = find_wide(k)) {
       int dev = 0;
       VQ_CUDA_CHECK(cudaGetDevice(&dev));
@@ -294,7 +325,7 @@ int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** er
 }
 
 bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p) {
-  const AttnEntry* e = find(k);  // split launches never take the two-blocks entry
+  const AttnEntry* e = find(k) ? pick_entry(k, p) : nullptr;  // split launches never take the two-blocks entry
   return e && p.n_splits > 1 && use_cluster(*e, p);
 }
 

@@ -78,7 +78,8 @@ constexpr CbCopies pick_copies(int k_bytes, int k_max, int v_bytes, int v_max, i
   return {rk, rv};
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0,
+          int R4 = 0>
 struct AttnTraits {
   static_assert(D == 64 || D == 128 || D == 256, "head_dim 64/128/256");
   static_assert(KS == 4 || KS == 8, "key sub_dim 4 or 8");
@@ -143,6 +144,19 @@ struct AttnTraits {
   // 67.6 / 253.1 against 39.4 / 66.3 / 247.1 and int8 keys 37.8 / 63.0 / 232.3 against 37.3 /
   // 62.5 / 229.3 (+1–2%: the extra MMAs cost more than the PRMTs they save there).
   static constexpr bool kPairV = VS == 4 && CBF == 1;
+  // Four query rows or fewer (a GQA group of <= 4 at q_len 1: Llama-3-8B, Mistral-7B), d4 values
+  // with fp16 centroids (R4 = 1, chosen by attn_launch): the value MMA of kPairV without its
+  // second MMA. The chunk's 8 MMA rows hold each live row twice (MMA row g is query row g / 2),
+  // so lane (g, t)'s own probabilities are those of row g / 2, and the B operand's 8 columns are
+  // (row n / 2, element n & 1): column g takes P in element g & 1 of each K pair and 0 in the
+  // other. One MMA per sub-vector and 8 tokens then yields O[row][dims 4σ..4σ+3] for the lane's
+  // row t — a gathered centroid is (a0, a1) as it lands, no PRMT, and every accumulator is live
+  // (kMTo = D/32 quads instead of D/16). The scores of the 4 duplicated rows cost what the 4
+  // dead rows did.
+  static constexpr bool kR4 = R4 != 0;
+  static_assert(!kR4 || (NT == 1 && VS == 4 && (CBF == 0 || CBF == 2)),
+                "the four-row kernel: one row tile, d4 values with fp16 centroids");
+  static constexpr int kMTo = kR4 ? kVSpt : kMT;  // accumulator quads per lane
   static constexpr int kVRowW = kVRow / 4;
   static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
   // The swizzle of a value row kt·16 + 8·u + 2t + e depends on 2t + e alone (bit 2 of the row),
@@ -370,9 +384,10 @@ __device__ __forceinline__ void ldg_row(const uint16_t* row, bool valid, uint32_
   }
 }
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0,
+          int R4 = 0>
 __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams p) {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF, R4>;
   constexpr int kRows = T::kRows;
   extern __shared__ __align__(16) unsigned char smem[];
   // region: codebooks, later the block combine; ring: per-warp code stages; then the queries
@@ -395,6 +410,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB + T::kQ8Bytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
+  // the query row of MMA row g (the four-row kernel holds each live row twice, see kR4)
+  constexpr bool kR4 = T::kR4;
+  const int qrow = kR4 ? g >> 1 : g;
   // byte offset of element d (of E bytes) of row r in a segmented query buffer: quarter d/(D/4)
   // of the row is its segment (fp16: T::kQRowB/kQSegB; int8: kQ8RowB/kQ8SegB)
   auto q_seg_off = [](int row_b, int seg_b, int elem_b, int r, int d) {
@@ -498,12 +516,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // live rows' bounds (two rows' arithmetic instead of kRows: the setup is latency-bound)
   int lo_u = INT_MAX, hi_u = 0, lo_max = 0, hi_min = INT_MAX;
   if (const int n_live = min(kRows, rows_total - rchunk * kRows); n_live > 0) {
+    if (kR4 && n_live > 4) __trap();  // attn_launch picks the four-row kernel for <= 4 rows only
     row_bounds(0, lo_u, hi_min);
     row_bounds(n_live - 1, lo_max, hi_u);
   }
-  int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g
+  int lo_t[NT], hi_t[NT];  // bounds of this lane's score rows n·8 + g (kR4: query row g / 2)
 #pragma unroll
-  for (int n = 0; n < NT; ++n) row_bounds(n * 8 + g, lo_t[n], hi_t[n]);
+  for (int n = 0; n < NT; ++n) row_bounds(kR4 ? qrow : n * 8 + g, lo_t[n], hi_t[n]);
   // One row tile: the coded tokens' scores run token-major (kTM, see softmax_pv_t), where a lane
   // holds rows 2t and 2t + 1, for the codebook formats whose key centroids arrive word by word
   // (E4M3 through conversions, int8 as 32-bit words): an fp16 centroid's 64-bit load would be
@@ -512,7 +531,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // builds the quads with moves too, and spills.
   constexpr bool kTM = NT == 1 && KT >= 2 && CBF != 0;
   [[maybe_unused]] int loT[2], hiT[2];
-  if constexpr (kTM) row_bounds(2 * t, loT[0], hiT[0]), row_bounds(2 * t + 1, loT[1], hiT[1]);
+  if constexpr (kTM) row_bounds(kR4 ? t : 2 * t, loT[0], hiT[0]), row_bounds(kR4 ? t : 2 * t + 1, loT[1], hiT[1]);
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
   const int64_t Nc = max(0, cB - cA);
   const int wA = max(lo_u, n_code), wB = min(hi_u, L);
@@ -697,7 +716,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto load_qa = [&](const unsigned char* src) {
     constexpr int kW = D / 8;  // 32-bit words per segment (D/4 fp16)
     uint32_t w0[kW], w1[NT == 2 ? kW : 1];
-    lds_words16<kW>(src + g * T::kQRowB + t * T::kQSegB, w0);
+    lds_words16<kW>(src + qrow * T::kQRowB + t * T::kQSegB, w0);
     if constexpr (NT == 2) lds_words16<kW>(src + (8 + g) * T::kQRowB + t * T::kQSegB, w1);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
@@ -717,7 +736,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto load_qb = [&]() {
     constexpr int kW = D / 8;
     uint32_t w0[kW];
-    lds_words16<kW>(sQt + g * T::kQRowB + t * T::kQSegB, w0);
+    lds_words16<kW>(sQt + qrow * T::kQRowB + t * T::kQSegB, w0);
 #pragma unroll
     for (int ks = 0; ks < T::kKSteps; ++ks) {
       const int wl = q_word(ks);
@@ -738,9 +757,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     if constexpr (T::kI8) {
       constexpr int kW = D / 16;  // 32-bit words per segment (D/4 int8)
       uint32_t w0[kW], w1[NT == 2 ? kW : 1];
-      lds_words16<kW>(sQ8 + g * T::kQ8RowB + t * T::kQ8SegB, w0);
-      qs8[0] = sQs[g];
-      if constexpr (kTM) qs8T[0] = sQs[2 * t], qs8T[1] = sQs[2 * t + 1];
+      lds_words16<kW>(sQ8 + qrow * T::kQ8RowB + t * T::kQ8SegB, w0);
+      qs8[0] = sQs[qrow];
+      if constexpr (kTM) qs8T[0] = sQs[kR4 ? t : 2 * t], qs8T[1] = sQs[kR4 ? t : 2 * t + 1];
       if constexpr (NT == 2) lds_words16<kW>(sQ8 + (8 + g) * T::kQ8RowB + t * T::kQ8SegB, w1), qs8[1] = sQs[8 + g];
 #pragma unroll
       for (int ks = 0; ks < kKSteps8; ++ks) {
@@ -760,7 +779,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // m, l: running max and sum of this lane's score rows n·8 + g (equal across the quad).
   // mb: the offset the scores of a tile carry, m where finite, else 0 (see softmax_pv); it
   // enters the score accumulators as their start value, so the exponentials need no subtraction.
-  float m[NT], l[NT], mb[NT], o[T::kMT][NT][4];
+  // o: kR4 holds row t, dims 4σ..4σ+3 of sub-vector σ = g·kVSpt + i in o[i][0] (see kR4)
+  float m[NT], l[NT], mb[NT], o[T::kMTo][NT][4];
 #pragma unroll
   for (int n = 0; n < NT; ++n) m[n] = -INFINITY, l[n] = 0.0f, mb[n] = 0.0f;
   // kTM: the same state for rows 2t, 2t + 1 during the coded tokens (lT: this lane's tokens only)
@@ -769,7 +789,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // with one row tile hold the odd k-steps' partial sums and start at 0)
   auto score_init = [&](int e) -> float { return e < 2 ? -mb[0] : (NT == 2 ? -mb[NT - 1] : 0.0f); };
 #pragma unroll
-  for (int mt = 0; mt < T::kMT; ++mt)
+  for (int mt = 0; mt < T::kMTo; ++mt)
 #pragma unroll
     for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -799,6 +819,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   };
   // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
   auto vtok = [&](int q) -> int { return 2 * t + (q & 1) + 8 * (q >> 1); };
+  // kR4: the byte selectors that put P (the low or high half of a lane's pair) into element
+  // g & 1 of a B operand's K pair, 0 into the other (fp16: the lower K index in the low half)
+  [[maybe_unused]] const uint32_t r4_sel0 = (g & 1) ? 0x1044u : 0x4410u, r4_sel1 = (g & 1) ? 0x3244u : 0x4432u;
   // The ldmatrix mapping of the values (T::kLdsmV; the fp16 cache's launches keep the gathers'
   // mapping, their rows stream from global memory): lane l's token in a k-tile and the parity
   // of its sub-vectors. Block-uniform, so the combine below knows which mapping O is in.
@@ -888,7 +911,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     for (int kt = 0; kt < KTs; ++kt) {
       if constexpr (kFrag) {  // vwords(kt, mt, a): m-tile mt's A fragment in the ldmatrix mapping
 #pragma unroll
-        for (int mt = 0; mt < T::kMT; ++mt) {
+        for (int mt = 0; mt < T::kMTo; ++mt) {
           uint32_t a[4];
           vwords(kt, mt, a);
 #pragma unroll
@@ -900,7 +923,22 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
         }
-        if constexpr (T::kPairV && !kVals8) {
+        if constexpr (T::kR4) {
+          // Four-row kernel: octet h's B operand from this lane's own P pair x (row g / 2, tokens
+          // 2t + 8h at K pair t and 2t + 1 + 8h at K pair t + 4), in element g & 1 of each pair;
+          // the A operand is the two tokens' gathered centroids as they land (see kR4)
+          uint32_t bz[2][2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h) bz[h][0] = prmt(bp[kt][0][h], 0u, r4_sel0), bz[h][1] = prmt(bp[kt][0][h], 0u, r4_sel1);
+#pragma unroll
+          for (int i = 0; i < T::kVSpt; ++i) {
+            uint32_t vw[4][2];  // tokens vtok(q): words (dims 0, 1) and (dims 2, 3)
+            vwords(kt, i, vw);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              mma_f16(o[i][0], vw[2 * h][0], vw[2 * h][1], vw[2 * h + 1][0], vw[2 * h + 1][1], bz[h][0], bz[h][1]);
+          }
+        } else if constexpr (T::kPairV && !kVals8) {
           // B operands of octet h (tokens 2t + 8h, 2t + 1 + 8h at K pairs t, t + 4) with P in
           // element e of each pair and 0 in the other (fp16: the lower K index in the low half)
           uint32_t bz[NT][2][2][2];  // [n][h][e][b0/b1]
@@ -956,7 +994,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
     if constexpr (kVals8)
 #pragma unroll
-      for (int mt = 0; mt < T::kMT; ++mt)
+      for (int mt = 0; mt < T::kMTo; ++mt)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -1004,14 +1042,21 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int h = 0; h < 2; ++h) s[kt][h][2 * n] += d, s[kt][h][2 * n + 1] += d;
       }
-      // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r)
+      // O's columns are the rows n·8 + 2t + r, whose scores live on lanes 4·(2t + r); kR4: the
+      // lane's O is row t, whose scores live on lanes g = 2t, 2t + 1
 #pragma unroll
       for (int n = 0; n < NT; ++n) {
-        const float s0 = __shfl_sync(0xffffffffu, sc[n], 8 * t), s1 = __shfl_sync(0xffffffffu, sc[n], 8 * t + 4);
+        const float s0 = __shfl_sync(0xffffffffu, sc[n], 8 * t);
+        const float s1 = kR4 ? s0 : __shfl_sync(0xffffffffu, sc[n], 8 * t + 4);
 #pragma unroll
-        for (int mt = 0; mt < T::kMT; ++mt) {
-          o[mt][n][0] *= s0, o[mt][n][1] *= s1;
-          o[mt][n][2] *= s0, o[mt][n][3] *= s1;
+        for (int mt = 0; mt < T::kMTo; ++mt) {
+          if constexpr (kR4) {
+            o[mt][n][0] *= s0, o[mt][n][1] *= s0;
+            o[mt][n][2] *= s0, o[mt][n][3] *= s0;
+          } else {
+            o[mt][n][0] *= s0, o[mt][n][1] *= s1;
+            o[mt][n][2] *= s0, o[mt][n][3] *= s1;
+          }
         }
       }
     }
@@ -1059,10 +1104,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int kt = 0; kt < KTs; ++kt) s[kt][r] += d, s[kt][2 + r] += d;
       }
+      // (kR4: rows 2t and 2t + 1 are both query row t, the row of the lane's O)
 #pragma unroll
-      for (int mt = 0; mt < T::kMT; ++mt) {
-        o[mt][0][0] *= sc[0], o[mt][0][1] *= sc[1];
-        o[mt][0][2] *= sc[0], o[mt][0][3] *= sc[1];
+      for (int mt = 0; mt < T::kMTo; ++mt) {
+        o[mt][0][0] *= sc[0], o[mt][0][1] *= sc[kR4 ? 0 : 1];
+        o[mt][0][2] *= sc[0], o[mt][0][3] *= sc[kR4 ? 0 : 1];
       }
     }
     uint32_t bp[KTs][NT][2];
@@ -1385,7 +1431,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // tokens add to the same accumulators (a power of two: exact in fp32)
     if constexpr (CBF == 1) {
 #pragma unroll
-      for (int mt = 0; mt < T::kMT; ++mt)
+      for (int mt = 0; mt < T::kMTo; ++mt)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -1394,7 +1440,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // int8 values: the codebook scale (the offset left O tile by tile)
     if constexpr (T::kV8) {
 #pragma unroll
-      for (int mt = 0; mt < T::kMT; ++mt)
+      for (int mt = 0; mt < T::kMTo; ++mt)
 #pragma unroll
         for (int n = 0; n < NT; ++n)
 #pragma unroll
@@ -1573,33 +1619,43 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   float* const co = reinterpret_cast<float*>(region);  // [warps][rows][kCoStride]
   float* const cm = co + T::kWarps * kRows * T::kCoStride;
   float* const cl = cm + T::kWarps * kRows;
-  if (t == 0) {
+  if (t == 0 && (!kR4 || (g & 1) == 0)) {  // kR4: lanes g = 2r, 2r + 1 both hold row r
 #pragma unroll
     for (int n = 0; n < NT; ++n) {
-      cm[warp * kRows + n * 8 + g] = m[n];
-      cl[warp * kRows + n * 8 + g] = l[n];
+      cm[warp * kRows + n * 8 + qrow] = m[n];
+      cl[warp * kRows + n * 8 + qrow] = l[n];
     }
   }
   // rows past the chunk's live ones (a GQA group of 4 fills half of 8) are neither stored nor combined
   const int live_rows = min(kRows, rows_total - rchunk * kRows);
+  if constexpr (kR4) {  // row t, dims 4σ..4σ+3 of sub-vector σ = g·kVSpt + i
+    if (t < live_rows)
 #pragma unroll
-  for (int mt = 0; mt < T::kMT; ++mt) {
-    const int i = mt / T::kVWps, j = mt % T::kVWps;
-    const int dlo = (g * T::kVSpt + i) * VS + 2 * j;
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        if (n * 8 + 2 * t + r >= live_rows) continue;
-        float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
-        if constexpr (T::kPairV) {  // dims dlo, dlo + 1 = elements 0, 1 of the lane's pair j
-          dst[0] = o[2 * i][n][2 * j + r];
-          dst[1] = o[2 * i + 1][n][2 * j + r];
-        } else {
-          dst[0] = o[mt][n][r];
-          dst[1] = o[mt][n][2 + r];
-        }
+      for (int i = 0; i < T::kVSpt; ++i) {
+        float* dst = co + (warp * kRows + t) * T::kCoStride + T::co_col(4 * (g * T::kVSpt + i));
+        reinterpret_cast<float2*>(dst)[0] = make_float2(o[i][0][0], o[i][0][1]);
+        reinterpret_cast<float2*>(dst)[1] = make_float2(o[i][0][2], o[i][0][3]);
       }
+  } else {
+#pragma unroll
+    for (int mt = 0; mt < T::kMT; ++mt) {
+      const int i = mt / T::kVWps, j = mt % T::kVWps;
+      const int dlo = (g * T::kVSpt + i) * VS + 2 * j;
+#pragma unroll
+      for (int n = 0; n < NT; ++n)
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          if (n * 8 + 2 * t + r >= live_rows) continue;
+          float* dst = co + (warp * kRows + n * 8 + 2 * t + r) * T::kCoStride + T::co_col(dlo);
+          if constexpr (T::kPairV) {  // dims dlo, dlo + 1 = elements 0, 1 of the lane's pair j
+            dst[0] = o[2 * i][n][2 * j + r];
+            dst[1] = o[2 * i + 1][n][2 * j + r];
+          } else {
+            dst[0] = o[mt][n][r];
+            dst[1] = o[mt][n][2 + r];
+          }
+        }
+    }
   }
   __syncthreads();
 
@@ -1824,21 +1880,24 @@ struct AttnEntry {
   int k_row, v_row;  ///< code row strides the kernel is compiled for
   int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
   int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
+  int rows4 = 0; ///< 1: the four-row kernel (AttnTraits::kR4), for chunks of <= 4 query rows
 };
 
 
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0,
+          int R4 = 0>
 AttnEntry attn_entry() {
-  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>;
+  using T = AttnTraits<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF, R4>;
   static_assert(T::kSmem <= 227 * 1024, "shared memory over the sm_90 limit");
   return {{D, KS, KB, VS, VB, NT, CBF},
-          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>),
+          reinterpret_cast<const void*>(&vq_attn_kernel<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF, R4>),
           T::kSmem,
           T::kThreads,
           T::kKRow,
           T::kVRow,
           0,
-          int(T::kPrmt)};
+          int(T::kPrmt),
+          int(T::kR4)};
 }
 
 /// A tuning variant (VQ_CUDA_ALL_CONFIGS builds): the kernel and the parameters it was built with.

@@ -29,4 +29,12 @@ void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
   f.wide = 1;
   out.push_back(f);
 }
+// Four query rows or fewer per chunk (AttnTraits::kR4; attn_launch picks them): the fp16 and
+// int8-key shapes above with the value MMA that needs no repack.
+void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
+  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());
+  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());
+  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());
+  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());
+}
 }  // namespace veloxquant::cuda

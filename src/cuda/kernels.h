@@ -153,6 +153,13 @@ int attn_set_hint_shift(int shift);
 long long attn_hinted_launches();
 /// Clustered attention launches so far in this process (tests check which path ran).
 long long attn_cluster_launches();
+/// Process-wide switch for the four-row kernels (default on): launches whose row chunk holds
+/// at most 4 query rows (GQA group × q_len <= 4) take the kernel built for it where the
+/// configuration has one (d4 values with fp16 centroids: F16 and I8 codebooks). Off, they run
+/// the 8-row kernel (A/B benchmarks, tests of both). Returns the previous setting.
+bool attn_set_rows4(bool allowed);
+/// Four-row kernel launches so far in this process (tests check which path ran).
+long long attn_rows4_launches();
 
 /// Tuning variants (builds with VQ_CUDA_ALL_CONFIGS): the same kernel with other warp-tile
 /// lengths (kt k-tiles of 16 tokens) and register caps (minb blocks per multiprocessor), for

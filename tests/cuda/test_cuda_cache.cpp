@@ -493,6 +493,71 @@ TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
   std::printf("[cuda attention length hints] %d cases, outputs equal with the hint exact, moved or dropped\n", run);
 }
 
+// Chunks of at most 4 query rows (GQA group x q_len <= 4) run the four-row kernel where the
+// configuration has one (d4b8 with fp16 or int8-key codebooks): each live row held twice by
+// the MMA rows, a different value MMA and accumulator layout. Every case runs with it and with
+// the 8-row kernel (attn_set_rows4): both against the oracle on the kernel's operands, against
+// each other (the same products, summed in another order: equal to rounding), and the launch
+// counter must show which kernel ran. E4M3 (no four-row kernel) must keep the 8-row one.
+TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x4404u;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  const std::vector<AttnCase> cases = {
+      {d4b8, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1},    // G 4: 16 splits, the window in the last
+      {d4b8, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1},   // batch 2, a bf16 window
+      {d4b8, 64, 1, 3, 2, 1500, 2, 64, true, 0, DType::F32, mb, 1},      // G 2 x q_len 2: rows see different bounds
+      {d4b8, 128, 1, 2, 1, 2000, 4, 16, true, 300, DType::F16, mb, 1},   // MHA x q_len 4, sliding window
+      {d4b8, 128, 2, 1, 3, 700, 1, 32, true, 0, DType::F16, mb, 1},      // G 3: one dead row
+      {d4b8, 64, 1, 2, 1, 500, 1, 8, false, 0, DType::F16, mb, 1},       // one row, non-causal
+      {d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, mb, 3},     // sharp softmax: rescales
+      {d4b8, 128, 1, 2, 2, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1},
+      {d4b8, 128, 1, 2, 4, 0, 1, 16, true, 0, DType::F16, mb, 1},        // window only
+  };
+  int run = 0;
+  double worst = 0, worst_diff = 0;
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3}) {
+    for (const AttnCase& a : cases) {
+      if (!compiled(a.spec, a.D)) continue;
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      CaseCaches cc = fill_case_caches(a, rng, true, fmt);
+      Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
+      SdpaParams sp;
+      sp.causal = a.causal;
+      sp.sliding_window = a.window;
+      Tensor want = Tensor::empty(q.sizes(), DType::F32);
+      ProductQuantizer kq, vq;
+      vecinfer_attention_ref(oracle_inputs(*cc.cpu, fmt, kq, vq), q.view(), want.view(), sp);
+      const Tensor qd = to_device(q);
+      const bool prev = cuda::attn_set_rows4(true);
+      const long long before = cuda::attn_rows4_launches();
+      const std::vector<float> four = floats(cc.gpu->fused_sdpa(qd.view(), sp));
+      const long long four_launches = cuda::attn_rows4_launches() - before;
+      cuda::attn_set_rows4(false);
+      const std::vector<float> eight = floats(cc.gpu->fused_sdpa(qd.view(), sp));
+      EXPECT_EQ(cuda::attn_rows4_launches(), before + four_launches) << "a four-row launch with the switch off";
+      cuda::attn_set_rows4(prev);
+      if (fmt == CodebookFormat::E4M3) EXPECT_EQ(four_launches, 0) << "E4M3 has no four-row kernel";
+      else EXPECT_GT(four_launches, 0) << "the four-row kernel did not run";
+      const std::vector<float> ref = want.to_vector_f32();
+      const double e4 = nmse(four, ref), e8 = nmse(eight, ref), d = nmse(four, eight);
+      EXPECT_LE(e4, kAttnNmse);
+      EXPECT_LE(e8, kAttnNmse);
+      EXPECT_LE(d, 1e-10) << "the four-row and 8-row kernels disagree";
+      worst = std::max({worst, e4, e8});
+      worst_diff = std::max(worst_diff, d);
+      ++run;
+    }
+  }
+  EXPECT_GT(run, 0);
+  std::printf("[cuda attention four-row kernel] %d cases, worst NMSE %.3g vs the oracle, %.3g between the four-row "
+              "and 8-row kernels\n",
+              run, worst, worst_diff);
+}
+
 /// One decode_step captured in a CUDA graph over a CPU twin: prefix of P tokens, reserve and
 /// plan for `steps` more, fp16 step tensors. replay() runs the steps (fresh q, k, v each),
 /// comparing every step's output with the oracle on the CPU cache (codebook format fmt).
