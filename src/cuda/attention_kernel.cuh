@@ -145,8 +145,8 @@ struct AttnTraits {
   // 62.5 / 229.3 (+1–2%: the extra MMAs cost more than the PRMTs they save there).
   static constexpr bool kPairV = VS == 4 && CBF == 1;
   // Four query rows or fewer (a GQA group of <= 4 at q_len 1: Llama-3-8B, Mistral-7B), d4 values
-  // with fp16 centroids (R4 = 1, chosen by attn_launch): the value MMA of kPairV without its
-  // second MMA. The chunk's 8 MMA rows hold each live row twice (MMA row g is query row g / 2),
+  // reaching the MMA as fp16 words (fp16 and E4M3 centroids; R4 = 1, chosen by attn_launch): the
+  // value MMA of kPairV without its second MMA. The chunk's 8 MMA rows hold each live row twice (MMA row g is query row g / 2),
   // so lane (g, t)'s own probabilities are those of row g / 2, and the B operand's 8 columns are
   // (row n / 2, element n & 1): column g takes P in element g & 1 of each K pair and 0 in the
   // other. One MMA per sub-vector and 8 tokens then yields O[row][dims 4σ..4σ+3] for the lane's
@@ -154,8 +154,8 @@ struct AttnTraits {
   // (kMTo = D/32 quads instead of D/16). The scores of the 4 duplicated rows cost what the 4
   // dead rows did.
   static constexpr bool kR4 = R4 != 0;
-  static_assert(!kR4 || (NT == 1 && VS == 4 && (CBF == 0 || CBF == 2)),
-                "the four-row kernel: one row tile, d4 values with fp16 centroids");
+  static_assert(!kR4 || (NT == 1 && VS == 4 && CBF != 3),
+                "the four-row kernel: one row tile, d4 values with fp16 (or E4M3-converted) centroids");
   static constexpr int kMTo = kR4 ? kVSpt : kMT;  // accumulator quads per lane
   static constexpr int kVRowW = kVRow / 4;
   static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }

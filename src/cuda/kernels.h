@@ -155,7 +155,8 @@ long long attn_hinted_launches();
 long long attn_cluster_launches();
 /// Process-wide switch for the four-row kernels (default on): launches whose row chunk holds
 /// at most 4 query rows (GQA group × q_len <= 4) take the kernel built for it where the
-/// configuration has one (d4 values with fp16 centroids: F16 and I8 codebooks). Off, they run
+/// configuration has one (d4b8 with F16, I8 or E4M3 codebooks, whose value centroids reach the
+/// MMA as fp16; not I8KV). Off, they run
 /// the 8-row kernel (A/B benchmarks, tests of both). Returns the previous setting.
 bool attn_set_rows4(bool allowed);
 /// Four-row kernel launches so far in this process (tests check which path ran).

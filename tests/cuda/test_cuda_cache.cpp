@@ -494,11 +494,12 @@ TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
 }
 
 // Chunks of at most 4 query rows (GQA group x q_len <= 4) run the four-row kernel where the
-// configuration has one (d4b8 with fp16 or int8-key codebooks): each live row held twice by
-// the MMA rows, a different value MMA and accumulator layout. Every case runs with it and with
-// the 8-row kernel (attn_set_rows4): both against the oracle on the kernel's operands, against
-// each other (the same products, summed in another order: equal to rounding), and the launch
-// counter must show which kernel ran. E4M3 (no four-row kernel) must keep the 8-row one.
+// configuration has one (d4b8 with fp16, int8-key or E4M3 codebooks): each live row held twice
+// by the MMA rows, a different value MMA and accumulator layout. Every case runs with it and
+// with the 8-row kernel (attn_set_rows4): both against the oracle on the kernel's operands,
+// against each other (the same products, summed in another order: equal to rounding), and the
+// launch counter must show which kernel ran. Int8 values (no four-row kernel) must keep the
+// 8-row one.
 TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
   VQ_SKIP_WITHOUT_GPU();
   const uint64_t seed = 0x4404u;
@@ -519,7 +520,7 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
   };
   int run = 0;
   double worst = 0, worst_diff = 0;
-  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3}) {
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3, CodebookFormat::I8KV}) {
     for (const AttnCase& a : cases) {
       if (!compiled(a.spec, a.D)) continue;
       SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
@@ -540,7 +541,7 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
       const std::vector<float> eight = floats(cc.gpu->fused_sdpa(qd.view(), sp));
       EXPECT_EQ(cuda::attn_rows4_launches(), before + four_launches) << "a four-row launch with the switch off";
       cuda::attn_set_rows4(prev);
-      if (fmt == CodebookFormat::E4M3) EXPECT_EQ(four_launches, 0) << "E4M3 has no four-row kernel";
+      if (fmt == CodebookFormat::I8KV) EXPECT_EQ(four_launches, 0) << "int8 values have no four-row kernel";
       else EXPECT_GT(four_launches, 0) << "the four-row kernel did not run";
       const std::vector<float> ref = want.to_vector_f32();
       const double e4 = nmse(four, ref), e8 = nmse(eight, ref), d = nmse(four, eight);
@@ -677,12 +678,17 @@ TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
         auto [gk, gv] = gpu->update_and_fetch(to_device(k).view(), to_device(v).view());
         EXPECT_EQ(floats(gk), ck.to_vector_f32());
         EXPECT_EQ(floats(gv), cv.to_vector_f32());
-        Tensor q = random_tensor({B, H * G, 3, D}, DType::F16, rng);
-        Tensor want = Tensor::empty(q.sizes(), DType::F32);
-        SdpaParams p;
-        attention_ref(q.view(), ck.view(), cv.view(), want.view(), p);
-        Tensor got = gpu->fused_sdpa(to_device(q).view(), p);
-        EXPECT_LE(nmse(floats(got), want.to_vector_f32()), kAttnNmse) << dtype_name(st) << " D=" << D;
+        // q_len 3: 12 rows a kv head (8-row kernel, two chunks); q_len 1: 4 rows (the four-row kernel)
+        for (int q_len : {3, 1}) {
+          Tensor q = random_tensor({B, H * G, q_len, D}, DType::F16, rng);
+          Tensor want = Tensor::empty(q.sizes(), DType::F32);
+          SdpaParams p;
+          attention_ref(q.view(), ck.view(), cv.view(), want.view(), p);
+          const long long rows4 = cuda::attn_rows4_launches();
+          Tensor got = gpu->fused_sdpa(to_device(q).view(), p);
+          EXPECT_LE(nmse(floats(got), want.to_vector_f32()), kAttnNmse) << dtype_name(st) << " D=" << D << " q_len=" << q_len;
+          EXPECT_EQ(cuda::attn_rows4_launches() > rows4, q_len == 1) << "which kernel ran, q_len=" << q_len;
+        }
       }
       EXPECT_EQ(gpu->trim(100), 100);
       EXPECT_EQ(gpu->offset(), 546);
