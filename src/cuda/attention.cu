@@ -4,6 +4,7 @@
 // before a decode step, so a captured step launches without host work.
 #include <algorithm>
 #include <atomic>
+#include <initializer_list>
 #include <map>
 #include <mutex>
 #include <set>
@@ -30,16 +31,27 @@ void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
 namespace {
 
+using RegisterFn = void (*)(std::vector<AttnEntry>&);
+std::vector<AttnEntry> collect(std::initializer_list<RegisterFn> fns) {
+  std::vector<AttnEntry> v;
+  for (RegisterFn f : fns) f(v);
+  return v;
+}
+
+/// Every configuration's kernels; the two-blocks-per-SM ones (grids of two waves or more); the
+/// four-row ones (chunks of <= 4 query rows).
 const std::vector<AttnEntry>& registry() {
-  static const std::vector<AttnEntry> r = [] {
-    std::vector<AttnEntry> v;
-    attn_register_k4b8_v4b8(v);
-    attn_register_k4b12_v8b8(v);
-    attn_register_k8b12_v8b12(v);
-    attn_register_k4b10_v8b12(v);
-    attn_register_k8b8_v8b8(v);
-    return v;
-  }();
+  static const std::vector<AttnEntry> r =
+      collect({attn_register_k4b8_v4b8, attn_register_k4b12_v8b8, attn_register_k8b12_v8b12,
+               attn_register_k4b10_v8b12, attn_register_k8b8_v8b8});
+  return r;
+}
+const std::vector<AttnEntry>& wide_registry() {
+  static const std::vector<AttnEntry> r = collect({attn_register_wide_k4b8_v4b8});
+  return r;
+}
+const std::vector<AttnEntry>& rows4_registry() {
+  static const std::vector<AttnEntry> r = collect({attn_register_rows4_k4b8_v4b8});
   return r;
 }
 
@@ -49,41 +61,14 @@ bool same(const AttnConfigKey& a, const AttnConfigKey& b) {
          a.cb_fmt == b.cb_fmt;
 }
 
-const AttnEntry* find(const AttnConfigKey& k) {
-  for (const AttnEntry& e : registry())
+const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k) {
+  for (const AttnEntry& e : r)
     if (same(e.key, k)) return &e;
   return nullptr;
 }
-
-const std::vector<AttnEntry>& wide_registry() {
-  static const std::vector<AttnEntry> r = [] {
-    std::vector<AttnEntry> v;
-    attn_register_wide_k4b8_v4b8(v);
-    return v;
-  }();
-  return r;
-}
-
-const AttnEntry* find_wide(const AttnConfigKey& k) {
-  for (const AttnEntry& e : wide_registry())
-    if (same(e.key, k)) return &e;
-  return nullptr;
-}
-
-const std::vector<AttnEntry>& rows4_registry() {
-  static const std::vector<AttnEntry> r = [] {
-    std::vector<AttnEntry> v;
-    attn_register_rows4_k4b8_v4b8(v);
-    return v;
-  }();
-  return r;
-}
-
-const AttnEntry* find_rows4(const AttnConfigKey& k) {
-  for (const AttnEntry& e : rows4_registry())
-    if (same(e.key, k)) return &e;
-  return nullptr;
-}
+const AttnEntry* find(const AttnConfigKey& k) { return find_in(registry(), k); }
+const AttnEntry* find_wide(const AttnConfigKey& k) { return find_in(wide_registry(), k); }
+const AttnEntry* find_rows4(const AttnConfigKey& k) { return find_in(rows4_registry(), k); }
 
 int device_sms(int dev) {
   static int cache[64] = {};

@@ -146,10 +146,10 @@ struct AttnTraits {
   static constexpr bool kPairV = VS == 4 && CBF == 1;
   // Four query rows or fewer (a GQA group of <= 4 at q_len 1: Llama-3-8B, Mistral-7B), d4 values
   // reaching the MMA as fp16 words (fp16 and E4M3 centroids; R4 = 1, chosen by attn_launch): the
-  // value MMA of kPairV without its second MMA. The chunk's 8 MMA rows hold each live row twice (MMA row g is query row g / 2),
-  // so lane (g, t)'s own probabilities are those of row g / 2, and the B operand's 8 columns are
-  // (row n / 2, element n & 1): column g takes P in element g & 1 of each K pair and 0 in the
-  // other. One MMA per sub-vector and 8 tokens then yields O[row][dims 4σ..4σ+3] for the lane's
+  // value MMA of kPairV without its second MMA. The chunk's 8 MMA rows hold each live row twice
+  // (MMA row g is query row g / 2), so lane (g, t)'s own probabilities are those of row g / 2,
+  // and the B operand's 8 columns are (row n / 2, element n & 1): column g takes P in element
+  // g & 1 of each K pair and 0 in the other. One MMA per sub-vector and 8 tokens then yields O[row][dims 4σ..4σ+3] for the lane's
   // row t — a gathered centroid is (a0, a1) as it lands, no PRMT, and every accumulator is live
   // (kMTo = D/32 quads instead of D/16). The scores of the 4 duplicated rows cost what the 4
   // dead rows did.
@@ -923,32 +923,24 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
         }
-        if constexpr (T::kR4) {
-          // Four-row kernel: octet h's B operand from this lane's own P pair x (row g / 2, tokens
-          // 2t + 8h at K pair t and 2t + 1 + 8h at K pair t + 4), in element g & 1 of each pair;
-          // the A operand is the two tokens' gathered centroids as they land (see kR4)
-          uint32_t bz[2][2];
-#pragma unroll
-          for (int h = 0; h < 2; ++h) bz[h][0] = prmt(bp[kt][0][h], 0u, r4_sel0), bz[h][1] = prmt(bp[kt][0][h], 0u, r4_sel1);
-#pragma unroll
-          for (int i = 0; i < T::kVSpt; ++i) {
-            uint32_t vw[4][2];  // tokens vtok(q): words (dims 0, 1) and (dims 2, 3)
-            vwords(kt, i, vw);
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              mma_f16(o[i][0], vw[2 * h][0], vw[2 * h][1], vw[2 * h + 1][0], vw[2 * h + 1][1], bz[h][0], bz[h][1]);
-          }
-        } else if constexpr (T::kPairV && !kVals8) {
+        if constexpr ((T::kPairV || T::kR4) && !kVals8) {
           // B operands of octet h (tokens 2t + 8h, 2t + 1 + 8h at K pairs t, t + 4) with P in
-          // element e of each pair and 0 in the other (fp16: the lower K index in the low half)
-          uint32_t bz[NT][2][2][2];  // [n][h][e][b0/b1]
+          // element e of each pair and 0 in the other (fp16: the lower K index in the low half).
+          // kR4: one operand per octet, P (this lane's own pair x: row g / 2) in element g & 1 —
+          // its 8 columns are (row n / 2, element n & 1), see kR4
+          constexpr int kE = T::kR4 ? 1 : 2;
+          uint32_t bz[NT][2][kE][2];  // [n][h][e][b0/b1]
 #pragma unroll
           for (int n = 0; n < NT; ++n)
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const uint32_t x = bp[kt][n][h];  // (p of token 2t + 8h, p of token 2t + 1 + 8h)
-              bz[n][h][0][0] = x & 0xFFFFu, bz[n][h][0][1] = x >> 16;
-              bz[n][h][1][0] = x << 16, bz[n][h][1][1] = x & 0xFFFF0000u;
+              if constexpr (T::kR4) {
+                bz[n][h][0][0] = prmt(x, 0u, r4_sel0), bz[n][h][0][1] = prmt(x, 0u, r4_sel1);
+              } else {
+                bz[n][h][0][0] = x & 0xFFFFu, bz[n][h][0][1] = x >> 16;
+                bz[n][h][kE - 1][0] = x << 16, bz[n][h][kE - 1][1] = x & 0xFFFF0000u;
+              }
             }
 #pragma unroll
           for (int i = 0; i < T::kVSpt; ++i) {
@@ -957,10 +949,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
-              for (int e = 0; e < 2; ++e)
+              for (int e = 0; e < kE; ++e)
 #pragma unroll
                 for (int n = 0; n < NT; ++n)
-                  mma_f16(o[2 * i + e][n], vw[2 * h][0], vw[2 * h][1], vw[2 * h + 1][0], vw[2 * h + 1][1],
+                  mma_f16(o[T::kR4 ? i : 2 * i + e][n], vw[2 * h][0], vw[2 * h][1], vw[2 * h + 1][0], vw[2 * h + 1][1],
                           bz[n][h][e][0], bz[n][h][e][1]);
           }
         } else {
