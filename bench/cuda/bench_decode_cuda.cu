@@ -587,7 +587,7 @@ int main(int argc, char** argv) {
     const Spec s{v.key.key_sub_dim, v.key.key_bits, v.key.value_sub_dim, v.key.value_bits, v.key.cb_fmt};
     const int bps = cuda::attn_variant_blocks_per_sm(i, dev);
     const std::string name = s.str() + " kt" + std::to_string(v.kt) + " mb" + std::to_string(v.minb) + " w" +
-                             std::to_string(v.warps) + " p" + std::to_string(v.pipe);
+                             std::to_string(v.warps) + " p" + std::to_string(v.pipe) + (v.rows4 ? " r4" : "");
     if (!selected(name)) continue;
     for (auto [B, L] : shapes)
       var_rows.push_back(

@@ -335,7 +335,7 @@ const AttnVariantEntry& variant(int i) {
 int attn_variant_count() { return int(variants().size()); }
 AttnVariantInfo attn_variant_info(int i) {
   const AttnVariantEntry& e = variant(i);
-  return {e.entry.key, e.kt, e.minb, e.warps, e.pipe};
+  return {e.entry.key, e.kt, e.minb, e.warps, e.pipe, e.entry.rows4};
 }
 int attn_variant_blocks_per_sm(int i, int device) {
   const AttnEntry& e = variant(i).entry;

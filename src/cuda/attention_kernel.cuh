@@ -1897,9 +1897,9 @@ struct AttnVariantEntry {
   AttnEntry entry;
   int kt, minb, warps, pipe;
 };
-template <int D, int KS, int KB, int VS, int VB, int NT, int KT, int MINB, int W, int PIPE, int CBF = 0>
+template <int D, int KS, int KB, int VS, int VB, int NT, int KT, int MINB, int W, int PIPE, int CBF = 0, int R4 = 0>
 AttnVariantEntry attn_variant() {
-  return {attn_entry<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF>(), KT, MINB, W, PIPE};
+  return {attn_entry<D, KS, KB, VS, VB, NT, KT, MINB, W, PIPE, CBF, R4>(), KT, MINB, W, PIPE};
 }
 
 }  // namespace veloxquant::cuda

@@ -168,6 +168,7 @@ long long attn_rows4_launches();
 struct AttnVariantInfo {
   AttnConfigKey key;
   int kt, minb, warps, pipe;
+  int rows4 = 0;  ///< 1: a four-row kernel (chunks of <= 4 query rows only)
 };
 int attn_variant_count();
 AttnVariantInfo attn_variant_info(int i);
