@@ -33,14 +33,15 @@ void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>& out) {
 // MMA that needs no repack (E4M3: one MMA per converted value word instead of kPairV's two; run
 // 78: -8.5 to -9.5% at every shape, also against the two-blocks kernel at 64 x 16384, which the
 // four-row kernel therefore replaces). Holding half the accumulators, the fp16 and int8-key
-// four-row kernels also fit 16 warps of 2-k-tile warp tiles under the 128-register cap without
-// spilling, and that shape (a tuning variant) beat the 8-warp, 4-k-tile one below in run 80 by
-// 1-3%; it is not the default yet because the CUDA tests have not run with it (next step).
+// four-row kernels fit 16 warps of 2-k-tile warp tiles under the 128-register cap without
+// spilling, and that shape beat their 8-warp, 4-k-tile one (run 80, variants, 2 repetitions:
+// fp16 35.8-35.9 / 61.7-61.9 / 231.3-231.6 us against 36.7 / 62.3-63.1 / 233.0-233.5; int8 keys
+// 32.2-32.8 / 56.6-56.7 / 202.8 against 33.1-33.8 / 57.4-57.7 / 206.5-207.5; 12 warps lost).
 void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
-  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());
-  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());
-  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());
-  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());
+  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 0, 1>());
+  out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2, 1>());
+  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 0, 1>());
+  out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2, 1>());
   out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1, 1>());  // E4M3
   out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1, 1>());
 }

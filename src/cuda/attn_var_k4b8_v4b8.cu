@@ -25,13 +25,13 @@ void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>& out) {
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1>());  // E4M3 default
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 12, 3, 1>());
   // four-row kernels (run 80): they hold half the accumulators, so 12 and 16 warps fit their caps
-  // without spilling; 16 warps of 2-k-tile warp tiles measured fastest (run 80)
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());  // fp16 four-row default
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 0, 1>());
+  // without spilling; 16 warps of 2-k-tile warp tiles became their default
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 0, 1>());  // fp16 four-row default
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 0, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 12, 3, 0, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 12, 2, 0, 1>());
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());  // int8 keys four-row default
-  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2, 1>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2, 1>());  // int8 keys four-row default
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 8, 3, 2, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 1, 12, 3, 2, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 4, 1, 12, 2, 2, 1>());
 }

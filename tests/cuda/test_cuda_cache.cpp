@@ -198,6 +198,18 @@ VecInferAttentionInputs oracle_inputs(const VecInferKVCache& cpu, CodebookFormat
   return in;
 }
 
+/// What a CUDA cache with codebook format fmt must return for fused_sdpa(q) (host q): the oracle on
+/// the kernel's operands in the fused modes; in Standard mode (fp16 attention on the dequantized
+/// history, no codebooks read) the CPU cache's own result.
+std::vector<float> device_oracle(const VecInferKVCache& cpu, CodebookFormat fmt, const Tensor& q,
+                                 const SdpaParams& p) {
+  if (cpu.config().mode() == CacheMode::Standard) return floats(cpu.fused_sdpa(q.view(), p));
+  Tensor want = Tensor::empty(q.sizes(), DType::F32);
+  ProductQuantizer kq, vq;
+  vecinfer_attention_ref(oracle_inputs(cpu, fmt, kq, vq), q.view(), want.view(), p);
+  return want.to_vector_f32();
+}
+
 /// Runs one case: both caches get the same tokens (a prefix, then the q_len newest tokens);
 /// the CUDA cache's attention is compared with the oracle on the CPU cache's codes. With E4M3
 /// codebooks the oracle computes with the centroids the kernel holds (make_e4m3_codebook's
@@ -497,9 +509,14 @@ TEST(CudaAttention, LengthHintsChangeNothingButSpeed) {
 // configuration has one (d4b8 with fp16, int8-key or E4M3 codebooks): each live row held twice
 // by the MMA rows, a different value MMA and accumulator layout. Every case runs with it and
 // with the 8-row kernel (attn_set_rows4): both against the oracle on the kernel's operands,
-// against each other (the same products, summed in another order: equal to rounding), and the
-// launch counter must show which kernel ran. Int8 values (no four-row kernel) must keep the
-// 8-row one.
+// against each other, and the launch counter must show which kernel ran. Int8 values (no
+// four-row kernel) must keep the 8-row one. Between the kernels: where both split the tokens
+// the same way (E4M3: 16 warps x 32-token warp tiles in both) they compute the same products
+// summed in another order, equal to f32 rounding (1e-10); the fp16 and int8-key four-row kernels
+// run 16 warps x 32 tokens against the 8-row kernels' 8 x 64, so each warp's running maximum,
+// to which the probabilities are rounded to fp16 before the value MMA, differs: the outputs
+// then differ by that rounding (relative 2^-11 per probability; NMSE up to 5.4e-7 measured,
+// bound 4e-6, 50x below the oracle bound kAttnNmse, far above f32 rounding).
 TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
   VQ_SKIP_WITHOUT_GPU();
   const uint64_t seed = 0x4404u;
@@ -547,7 +564,8 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
       const double e4 = nmse(four, ref), e8 = nmse(eight, ref), d = nmse(four, eight);
       EXPECT_LE(e4, kAttnNmse);
       EXPECT_LE(e8, kAttnNmse);
-      EXPECT_LE(d, 1e-10) << "the four-row and 8-row kernels disagree";
+      const bool same_tiling = fmt == CodebookFormat::E4M3 || fmt == CodebookFormat::I8KV;
+      EXPECT_LE(d, same_tiling ? 1e-10 : 4e-6) << "the four-row and 8-row kernels disagree";
       worst = std::max({worst, e4, e8});
       worst_diff = std::max(worst_diff, d);
       ++run;
@@ -726,13 +744,13 @@ TEST(CudaCache, StatesRoundTripBetweenCpuAndCuda) {
     const std::vector<float> b = floats(gpu2->fused_sdpa(to_device(q).view(), p));
     const std::vector<float> r = floats(cpu.fused_sdpa(q.view(), p));
     EXPECT_LE(nmse(a, r), 1e-10);
-    EXPECT_LE(nmse(b, r), kAttnNmse);
+    EXPECT_LE(nmse(b, device_oracle(cpu, c.attention_codebooks, q, p)), kAttnNmse);
     // both continue identically after more tokens
     Tensor k2 = random_tensor({1, 2, 20, 128}, DType::F32, rng), v2 = random_tensor({1, 2, 20, 128}, DType::F32, rng);
     cpu.update(k2.view(), v2.view());
     gpu2->update(to_device(k2).view(), to_device(v2).view());
-    const std::vector<float> r2 = floats(cpu.fused_sdpa(q.view(), p));
-    EXPECT_LE(nmse(floats(gpu2->fused_sdpa(to_device(q).view(), p)), r2), kAttnNmse);
+    EXPECT_LE(nmse(floats(gpu2->fused_sdpa(to_device(q).view(), p)), device_oracle(cpu, c.attention_codebooks, q, p)),
+              kAttnNmse);
   }
 }
 
@@ -838,7 +856,8 @@ TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
       std::memcpy(vb.data(), vn.ptr<float>() + b * H * D, size_t(H * D * 4));
       std::memcpy(qb.data(), q.ptr<float>() + b * H * G * D, size_t(H * G * D * 4));
       cpus[b]->update(kb.view(), vb.view());
-      vecinfer_attention_ref(cpus[b]->attention_inputs(), qb.view(), wb.view(), p);
+      ProductQuantizer kq, vq;  // the oracle on the operands of the config's codebook format
+      vecinfer_attention_ref(oracle_inputs(*cpus[b], c.attention_codebooks, kq, vq), qb.view(), wb.view(), p);
       const std::vector<float> g(got.begin() + b * H * G * D, got.begin() + (b + 1) * H * G * D);
       const double e = nmse(g, wb.to_vector_f32());
       EXPECT_LE(e, kAttnNmse) << "step " << st << " sequence " << b;
