@@ -73,6 +73,10 @@ class Tensor {
   /// A contiguous CPU copy of any view (any dtype; converts float dtypes when `to` differs).
   static Tensor copy_of(const TensorView& v);
   static Tensor copy_of(const TensorView& v, DType to);
+  /// A contiguous copy of any view on `device` (same dtype): CPU → CUDA uploads (a strided CPU
+  /// view is packed first), CUDA → CPU as copy_of, CUDA → CUDA through the host. A CUDA source
+  /// must be contiguous (ShapeError); a CUDA target needs a build with CUDA (CudaError).
+  static Tensor copy_to(const TensorView& v, Device device);
   /// CPU f32 copy of a float view (any layout, any float dtype, CPU or CUDA).
   static Tensor to_f32(const TensorView& v);
   /// Copies a CPU float vector into a new tensor of `shape` and dtype `dtype`.

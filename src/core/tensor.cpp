@@ -210,13 +210,26 @@ Tensor Tensor::copy_of(const TensorView& v) { return copy_of(v, v.dtype); }
 Tensor Tensor::copy_of(const TensorView& v, DType to) {
   if (v.device.is_cuda()) {
     Tensor host = empty(v.sizes(), v.dtype);
-    VQ_CHECK_SHAPE(v.is_contiguous(), "copying a strided CUDA tensor to the host is not supported");
+    VQ_CHECK_SHAPE(v.is_contiguous(), "copying a strided CUDA tensor to the host is not supported (shape "
+                                          << v.shape_string() << ", strides "
+                                          << shape_str(Shape(v.strides.begin(), v.strides.begin() + v.ndim))
+                                          << ")");
     detail::cuda_memcpy_d2h(host.data(), v.data, size_t(v.nbytes()), v.device);
     return to == v.dtype ? host : copy_of(host.view(), to);
   }
   Tensor t = empty(v.sizes(), to);
   copy_into(v, t.view());
   return t;
+}
+
+Tensor Tensor::copy_to(const TensorView& v, Device device) {
+  if (device.is_cpu()) return copy_of(v);
+  // the bytes to upload: the view itself where it is a contiguous CPU view, else a packed host copy
+  Tensor host;
+  if (!v.device.is_cpu() || !v.is_contiguous()) host = copy_of(v);
+  Tensor d = empty(v.sizes(), v.dtype, device);
+  if (d.nbytes() > 0) detail::cuda_memcpy_h2d(d.data(), host.defined() ? host.data() : v.data, size_t(d.nbytes()), device);
+  return d;
 }
 
 Tensor Tensor::to_f32(const TensorView& v) { return copy_of(v, DType::F32); }

@@ -869,6 +869,38 @@ TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
   std::printf("[cuda ragged] %d steps x %d sequences, worst NMSE %.3g\n", steps, B, worst);
 }
 
+/// Tensor::copy_to in every direction: a strided CPU view uploads packed, CUDA → CUDA and CUDA →
+/// CPU copy the bytes exactly (bf16: no conversion on the way), a strided CUDA view is refused
+/// with its shape named, and an empty tensor copies to an empty one.
+TEST(CudaTensor, CopyToRoundTripsEveryDirection) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(61);
+  const Tensor h = random_tensor({3, 5, 7}, DType::BF16, rng);
+  const TensorView strided(h.data(), DType::BF16, {7, 5, 3}, {1, 7, 35});  // transposed
+  const Tensor packed = Tensor::copy_of(strided);
+  const Tensor d = Tensor::copy_to(strided, Device::cuda(0));
+  EXPECT_EQ(d.device(), Device::cuda(0));
+  EXPECT_EQ(d.sizes(), strided.sizes());
+  EXPECT_EQ(d.dtype(), DType::BF16);
+  const Tensor back = Tensor::copy_to(d.view(), Device::cpu());
+  ASSERT_EQ(back.nbytes(), packed.nbytes());
+  EXPECT_EQ(std::memcmp(back.data(), packed.data(), size_t(packed.nbytes())), 0);
+  const Tensor d2 = Tensor::copy_to(d.view(), Device::cuda(0));
+  EXPECT_NE(d2.data(), d.data());
+  const Tensor back2 = Tensor::copy_of(d2.view());
+  EXPECT_EQ(std::memcmp(back2.data(), packed.data(), size_t(packed.nbytes())), 0);
+  const TensorView dstrided(d.data(), DType::BF16, {5, 7, 3}, {3, 15, 1}, Device::cuda(0));
+  try {
+    (void)Tensor::copy_to(dstrided, Device::cpu());
+    ADD_FAILURE() << "a strided CUDA view was copied";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("strided"), std::string::npos) << e.what();
+  }
+  const Tensor empty = Tensor::copy_to(TensorView(h.data(), DType::BF16, {0, 7}), Device::cuda(0));
+  EXPECT_EQ(empty.numel(), 0);
+  EXPECT_EQ(empty.device(), Device::cuda(0));
+}
+
 /// Standard mode: fetched K̂/V̂ equal the CPU cache's (window exact, older dequantized).
 TEST(CudaCache, StandardFetchMatchesTheCpuCache) {
   VQ_SKIP_WITHOUT_GPU();

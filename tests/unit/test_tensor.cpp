@@ -197,6 +197,27 @@ TEST(TensorView, DLPackRoundTripKeepsEverything) {
   EXPECT_THROW(from_dlpack(d), ShapeError);
 }
 
+// copy_to on the CPU: a packed, independent copy of any layout; without CUDA a CUDA target is a
+// CudaError (the CUDA directions: tests/cuda, CudaTensor.CopyToRoundTripsEveryDirection).
+TEST(Tensor, CopyToTheCpuPacksAndOwnsItsStorage) {
+  std::vector<float> x(2 * 3 * 4);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(i) * 0.5f;
+  const TensorView t(x.data(), DType::F32, {4, 3, 2}, {1, 4, 12});  // transposed
+  Tensor c = Tensor::copy_to(t, Device::cpu());
+  EXPECT_TRUE(c.view().is_contiguous());
+  EXPECT_EQ(c.sizes(), t.sizes());
+  EXPECT_EQ(c.dtype(), DType::F32);
+  EXPECT_TRUE(c.device().is_cpu());
+  for (int64_t i = 0; i < t.numel(); ++i) EXPECT_EQ(c.ptr<float>()[i], t.get_f32(i)) << i;
+  c.ptr<float>()[0] = -1.0f;
+  EXPECT_EQ(x[0], 0.0f) << "the copy shares the source's memory";
+  const Tensor none = Tensor::copy_to(TensorView(x.data(), DType::F32, {0, 4}), Device::cpu());
+  EXPECT_EQ(none.numel(), 0);
+#if !defined(VQ_HAVE_CUDA)
+  EXPECT_THROW(Tensor::copy_to(t, Device::cuda()), CudaError);
+#endif
+}
+
 TEST(Tensor, OwningTensorsShareStorageAndCheckShapes) {
   Tensor a = Tensor::zeros({3, 4}, DType::F32);
   Tensor b = a;  // shares
