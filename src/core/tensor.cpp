@@ -228,7 +228,8 @@ Tensor Tensor::copy_to(const TensorView& v, Device device) {
   Tensor host;
   if (!v.device.is_cpu() || !v.is_contiguous()) host = copy_of(v);
   Tensor d = empty(v.sizes(), v.dtype, device);
-  if (d.nbytes() > 0) detail::cuda_memcpy_h2d(d.data(), host.defined() ? host.data() : v.data, size_t(d.nbytes()), device);
+  const void* src = host.defined() ? host.data() : v.data;
+  if (d.nbytes() > 0) detail::cuda_memcpy_h2d(d.data(), src, size_t(d.nbytes()), device);
   return d;
 }
 

@@ -28,9 +28,10 @@
 //                         test bounds NMSE by 2e-4 (≈1.4e-2 relative RMS); logits see less.
 //   VecInfer on the device vs on the CPU (statistical tier): both hold the same codes up to
 //                         near-ties of the encoder, and the device reads fp16 copies of the
-//                         codebooks (the default CodebookFormat); with random codebooks quantization itself moves logits by
-//                         60-140% of the row scale, so the two may differ by at most 5% of that
-//                         (kVecInferShareOfVqError) and by at most kMaxRelVecInferDevice = 5e-2.
+//                         codebooks (the default CodebookFormat); with random codebooks
+//                         quantization itself moves logits by 60-140% of the row scale, so
+//                         the two may differ by at most 5% of that (kVecInferShareOfVqError)
+//                         and by at most kMaxRelVecInferDevice = 5e-2.
 //                         Measured on an H200: 1.3e-3 .. 2.5e-2 (0.1-1.8% of the VQ effect;
 //                         the largest with Qwen3's q/k norms).
 // Greedy tokens must be identical wherever the CPU's top-2 gap exceeds twice the measured
@@ -297,8 +298,8 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   LayerCaches ref_caches = make_caches(*model, fp16_options());
   const std::vector<float> exact = incremental(*model, ref_caches, tokens, n_prompt);
   const ErrStats q = compare_rows(cpu, exact, V, n);
-  std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, %s codebooks, window 16): vs CPU VecInfer max_rel %.2e "
-              "(max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",
+  std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, %s codebooks, window 16): vs CPU VecInfer "
+              "max_rel %.2e (max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",
               GetParam().c_str(), codebook_format_name(o.attention_codebooks), e.max_rel, e.max_abs, q.max_rel);
   EXPECT_LE(e.max_rel, kMaxRelVecInferDevice);
   EXPECT_LE(e.max_rel, kVecInferShareOfVqError * q.max_rel);
