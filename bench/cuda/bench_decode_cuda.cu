@@ -896,8 +896,8 @@ int main(int argc, char** argv) {
   // ---- summary table -------------------------------------------------------------------------
   // (e4m3 rows: NMSE of the output against the oracle on the f32 codebooks, i.e. what the
   // 1-byte centroids cost on these random codebooks; fp16 rows are within 2e-4 of it by validation)
-  std::printf("\n(config: no suffix = fp16 codebooks, the caches' default (KVCacheConfig::attention_codebooks "
-              "= %s); +e4m3, +i8 (int8 keys), +i8kv (int8 keys and values): the other CodebookFormats)\n",
+  std::printf("\n(config: no suffix = fp16 codebooks; +e4m3, +i8 (int8 keys), +i8kv (int8 keys and values): the "
+              "other CodebookFormats; the caches' default: KVCacheConfig::attention_codebooks = %s)\n",
               codebook_format_name(KVCacheConfig{}.attention_codebooks));
   std::printf("\n| config | batch x context | ours us | ours GB/s | %% of copy BW | peer us | peer TB/s | speedup | "
               "e4m3/i8 NMSE vs f32 codebooks |\n");

@@ -47,11 +47,14 @@ enum class CacheKind { FP16, VecInfer };
 ///  * E4M3: centroids stored as OCP FP8 E4M3 after a power-of-two scale per codebook (relative
 ///    error <= 2^-4): a shared-memory gather moves half the bytes, the kernel's bottleneck.
 ///    What it costs in attention error is measured in docs/cuda-kernels.md ("E4M3 codebooks").
-///  * I8: key centroids as int8 with one scale per codebook (max |c| / 127) and scored on int8
-///    tensor cores against the transformed query rounded to int8 per row (max |q̃| / 127); values
-///    stay fp16. A key gather moves half the bytes and needs no conversion. Its attention error
-///    is measured in docs/cuda-kernels.md ("Int8 keys"): small on the demo data, but large on
-///    tiny Qwen2/Qwen3 test models (run 82), which is why F16 stays the default.
+///  * I8 (the default): key centroids as int8 with one scale per codebook (max |c| / 127) and
+///    scored on int8 tensor cores against the transformed query held as two int8s per element
+///    (q̃ ≈ s·(hi + lo/254), s = max |q̃| / 127, per row); values stay fp16. A key gather moves
+///    half the bytes and needs no conversion. With KVCacheConfig::int8_key_grid (the default)
+///    the int8 centroids are the cache's own, so the scores are exact in int32 up to the query's
+///    1/508-step rounding: closer to the CPU cache than F16 (docs/cuda-kernels.md, "Int8 keys").
+///    Without the grid (or with one int8 for the query, before 2026-12-03) the two roundings
+///    moved tiny Qwen2/Qwen3 test models' logits 9-16% (run 82).
 ///  * I8KV: keys as I8, and the value centroids as int8 with one scale per codebook too
 ///    (max |c| / 127), widened exactly to fp16 in registers for the value MMAs (probabilities
 ///    stay fp16): a value gather moves half the bytes as well. docs/cuda-kernels.md ("Int8
@@ -91,8 +94,14 @@ struct KVCacheConfig {
   std::shared_ptr<ThreadPool> thread_pool;
   Device device{};                      ///< CPU, or CUDA (builds with CUDA only)
   void* stream = nullptr;               ///< cudaStream_t for CUDA caches (opaque); null = default
+  /// The key codebook moved onto an int8 grid at construction (snap_to_int8_grid: one scale
+  /// per codebook, each entry within half a step of where it was), on every device, so that the
+  /// CUDA kernels' int8 key scoring (CodebookFormat::I8, the default) reads exactly the centroids
+  /// the CPU cache encodes and decodes with. false keeps the codebook as given (the CUDA int8
+  /// formats then round it per call, as before 2026-12-03). Recorded in meta_state.
+  bool int8_key_grid = true;
   /// CUDA VecInfer caches: the codebooks fused_sdpa reads (see CodebookFormat).
-  CodebookFormat attention_codebooks = CodebookFormat::F16;
+  CodebookFormat attention_codebooks = CodebookFormat::I8;
 
   CacheMode mode() const;
   PQSpec key_spec() const { return {key_sub_dim, key_codebook_bits}; }

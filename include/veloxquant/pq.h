@@ -101,6 +101,14 @@ struct I8Codebook {
 };
 /// ValueError if the codebook holds a non-finite value.
 I8Codebook make_i8_codebook(const std::vector<float>& codebook);
+/// The codebook moved onto the grid make_i8_codebook rounds to: every entry an integer multiple
+/// n·s (|n| <= 127) of one scale s = max |c| / 127, so that CodebookFormat::I8 holds it exactly and
+/// the CUDA kernels' int8 key scores use the very centroids the CPU cache encodes and decodes with
+/// (KVCacheConfig::int8_key_grid). The rounding moves an entry by at most s/2: about 0.4% of the
+/// codebook's range, far below the quantization error itself (docs/cuda-kernels.md, "Int8 keys").
+/// A fixed point: snapping a snapped codebook returns it bit for bit. ValueError if an entry is
+/// not finite.
+std::vector<float> snap_to_int8_grid(const std::vector<float>& codebook);
 /// The bytes in offset binary (byte + 128, 1..255): the layout the CUDA attention kernel reads
 /// int8 value centroids in (CodebookFormat::I8KV widens u to the fp16 1024 + u exactly).
 std::vector<uint8_t> i8_offset_binary(const I8Codebook& cb);

@@ -97,9 +97,10 @@ struct VecInferAttentionInputs {
   int64_t n_window = 0;           ///< exact tokens after the coded ones (<= n_slots)
   int64_t window_first_slot = 0;  ///< slot of the oldest window token
   /// Coded keys scored as the CUDA kernels with CodebookFormat::I8 score them: the transformed
-  /// query q̃ = (q ⊙ λ)·H rounded per row to int8 (symmetric, scale max |q̃| / 127) against the
-  /// decoded keys in the transformed space (give key_pq those kernels' int8 centroids). Window
-  /// tokens keep the exact query.
+  /// query q̃ = (q ⊙ λ)·H rounded per row to two int8s, q̃ ≈ s·(hi + lo/254) with s = max |q̃| / 127
+  /// (hi the nearest step, lo the remainder's nearest 254th of one), against the decoded keys in
+  /// the transformed space (give key_pq those kernels' int8 centroids). Window tokens keep the
+  /// exact query.
   bool int8_query = false;
   int64_t n_tokens() const { return key_codes.ndim ? key_codes.dim(2) + n_window : n_window; }
 };

@@ -118,6 +118,7 @@ CacheMetaState vecinfer_meta_state(const VecInferMeta& m, const KVCacheConfig& c
           {"step", std::to_string(config.step)},
           {"fused_sdpa_max_ctx", std::to_string(config.fused_sdpa_max_ctx)},
           {"use_hadamard", b(config.use_hadamard)},
+          {"int8_key_grid", b(config.int8_key_grid)},
           {"identity_smooth", b(m.identity_smooth)},
           {"random_codebooks", b(m.random_codebooks)},
           {"seed", std::to_string(config.seed)}};

@@ -268,6 +268,20 @@ I8Codebook make_i8_codebook(const std::vector<float>& codebook) {
   return r;
 }
 
+std::vector<float> snap_to_int8_grid(const std::vector<float>& codebook) {
+  // n·s with s recomputed from the snapped maximum (127·s) can land one ulp away from the first
+  // pass's values; iterating to the fixed point makes the result stable under snapping again
+  // (a restored cache snaps its saved codebook once more)
+  std::vector<float> c = make_i8_codebook(codebook).decoded;
+  for (int it = 0; it < 8; ++it) {
+    std::vector<float> next = make_i8_codebook(c).decoded;
+    if (next == c) return c;
+    c = std::move(next);
+  }
+  VQ_THROW(ValueError, "snap_to_int8_grid: no fixed point after 8 passes (max |c| = "
+                           << finite_max_abs(codebook, "int8 grid") << ")");
+}
+
 std::vector<uint8_t> i8_offset_binary(const I8Codebook& cb) {
   std::vector<uint8_t> u(cb.bytes.size());
   for (size_t i = 0; i < u.size(); ++i) u[i] = static_cast<uint8_t>(int(cb.bytes[i]) + 128);

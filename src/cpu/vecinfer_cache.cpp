@@ -78,6 +78,7 @@ VecInferKVCache::VecInferKVCache(const KVCacheConfig& config) : config_(config) 
   random_codebooks_ = !config_.key_codebook || !config_.value_codebook;
   if (!config_.key_codebook) key_pq_.set_random_codebook(config_.seed);
   if (!config_.value_codebook) value_pq_.set_random_codebook(config_.seed + 0x5bd1e995ull);
+  if (config_.int8_key_grid) key_pq_.set_codebook(snap_to_int8_grid(key_pq_.codebook));
   config_.key_codebook.reset();
   config_.value_codebook.reset();
   int h = config_.n_kv_heads;
@@ -531,6 +532,8 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   c.fused_sdpa_max_ctx = meta_int(meta, "fused_sdpa_max_ctx");
   c.use_hadamard = meta_bool(meta, "use_hadamard");
   c.seed = meta_uint64(meta, "seed");
+  // states written before the int8 key grid existed hold codebooks as given
+  c.int8_key_grid = meta.count("int8_key_grid") ? meta_bool(meta, "int8_key_grid") : false;
   const bool identity = meta_bool(meta, "identity_smooth");
   const bool random_cb = meta_bool(meta, "random_codebooks");
   try {

@@ -176,10 +176,11 @@ struct AttnTraits {
   // reads as its MMA A fragments, is one segment of kQSegB bytes; the 16-byte pad puts the 8
   // lanes of a 128-bit shared-memory phase in 8 different bank groups (unpadded rows: 16-way).
   static constexpr int kQSegB = D / 2 + 16, kQRowB = 4 * kQSegB;
-  // int8 keys: the int8 query in the same segmented layout (D/4 bytes per segment, padded) and
-  // one score scale per row (query scale · key codebook scale)
+  // int8 keys: the int8 query in the same segmented layout (D/4 bytes per segment, padded), as
+  // two int8 rows per query row (hi rows, then lo rows: q̃ ≈ s·(hi + lo/254)), and one score
+  // scale s per row (query scale · key codebook scale)
   static constexpr int kQ8SegB = D / 4 + 16, kQ8RowB = 4 * kQ8SegB;
-  static constexpr int kQ8Bytes = kI8 ? kRows * (kQ8RowB + 4) : 0;
+  static constexpr int kQ8Bytes = kI8 ? kRows * (2 * kQ8RowB + 4) : 0;
   static constexpr int kQBytes = kRows * 2 * kQRowB + kQ8Bytes + 64;  // + the merge flag
   // codebook copies fill what is left (two blocks per multiprocessor share its 227 KB)
   static constexpr int kCbBudget = (MINB == 1 ? 216 * 1024 : 105 * 1024) - kRingBytes - kQBytes;
@@ -405,8 +406,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   unsigned char* const sV = region + (T::kPrmt ? 128 : T::kKcbBytes);
   unsigned char* const sQt = sQbuf;                                // [kRows] segmented rows: q̃·scale
   unsigned char* const sQr = sQt + kRows * T::kQRowB;              // [kRows] segmented rows: q·scale
-  unsigned char* const sQ8 = sQr + kRows * T::kQRowB;                 // int8 keys: [kRows] segmented int8 q̃
-  float* const sQs = reinterpret_cast<float*>(sQ8 + kRows * T::kQ8RowB);  // int8 keys: [kRows] score scales
+  unsigned char* const sQ8 = sQr + kRows * T::kQRowB;  // int8 keys: [2·kRows] segmented int8 q̃ (hi, then lo rows)
+  float* const sQs = reinterpret_cast<float*>(sQ8 + 2 * kRows * T::kQ8RowB);  // int8 keys: [kRows] score scales
   int* const sFlag = reinterpret_cast<int*>(sQr + kRows * T::kQRowB + T::kQ8Bytes);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t = lane & 3;
@@ -640,19 +641,25 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
         for (int j = 0; j < kQE; ++j) *q_elem(sQt, r, lane * kQE + j) = __float2half_rn(y[j] * qscale);
         if constexpr (T::kI8) {
-          // int8 q̃, symmetric per row: q8 = rn(q̃·127 / max|q̃|); a score is then
-          // (q8 · key bytes) · max|q̃|/127 · s_k, exact in int32 up to that one scale
+          // int8 q̃ as two int8s, symmetric per row: hi = rn(q̃/s), lo = rn((q̃ − hi·s)·254/s) with
+          // s = max|q̃|/127, so q̃ = s·(hi + lo/254) to 1/508 of a step; a score is then
+          // ((hi · key bytes) + (lo · key bytes)/254) · s · s_k, each product exact in int32.
+          // One int8 alone (run 82) cost 20-40x the fp16 path's error; the pair ~1/100 of it
+          // (docs/cuda-kernels.md, "Int8 keys").
           float mx = 0.0f;
 #pragma unroll
           for (int j = 0; j < kQE; ++j) mx = fmaxf(mx, fabsf(y[j] * qscale));
 #pragma unroll
           for (int m = 1; m < 32; m <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
-          const float inv = mx > 0.0f ? 127.0f / mx : 0.0f;
+          const float inv = mx > 0.0f ? 127.0f / mx : 0.0f, sq = mx * (1.0f / 127.0f);
 #pragma unroll
           for (int j = 0; j < kQE; ++j) {
             const int d = lane * kQE + j;
-            const int v = max(-127, min(127, __float2int_rn(y[j] * qscale * inv)));
-            sQ8[q_seg_off(T::kQ8RowB, T::kQ8SegB, 1, r, d)] = static_cast<unsigned char>(int8_t(v));
+            const float x = y[j] * qscale;
+            const float hi = fminf(127.0f, fmaxf(-127.0f, rintf(x * inv)));
+            const int lo = max(-127, min(127, __float2int_rn(__fmul_rn(__fsub_rn(x, __fmul_rn(hi, sq)), inv) * 254.0f)));
+            sQ8[q_seg_off(T::kQ8RowB, T::kQ8SegB, 1, r, d)] = static_cast<unsigned char>(int8_t(int(hi)));
+            sQ8[q_seg_off(T::kQ8RowB, T::kQ8SegB, 1, kRows + r, d)] = static_cast<unsigned char>(int8_t(lo));
           }
           if (lane == 0) sQs[r] = mx * (1.0f / 127.0f) * p.k_cb_qmul;
         }
@@ -746,32 +753,52 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // int8 keys: scores run on mma m16n8k32 (s8 · s8 → s32). K-step ks covers 32 permuted dims:
   // lane (g, t) puts the 8 dims of its sub-vectors 2ks, 2ks + 1 (d4) or ks (d8) at k = 4t..4t+3
   // and 16 + 4t..16 + 4t + 3 — the B fragment is the gathered int8 centroid(s) as they land, the
-  // A fragment words 2ks, 2ks + 1 of the lane's int8 query segment. One row tile: one A
-  // fragment serves k-steps 2j (rows g) and 2j + 1 (rows g + 8), as for fp16.
+  // A fragment words 2ks, 2ks + 1 of the lane's int8 query segment. The query's lo half (see the
+  // query transform) costs no MMA where the tile has a spare row or column for it: one row tile
+  // in the query-major layout puts hi in rows g and lo in rows g + 8 (one A fragment per
+  // k-step), the four-row kernel's duplicate columns 2t + 1 take lo; two row tiles, and
+  // token-major tiles of up to 8 rows, hold a second operand set and run a second MMA (kLoSep).
   constexpr int kKSteps8 = D / 32;
-  constexpr int kQA8 = NT == 2 ? kKSteps8 : kKSteps8 / 2;
+  constexpr bool kLoSep = T::kI8 && (NT == 2 || (kTM && !kR4));
+  constexpr int kQA8 = kTM ? kKSteps8 / 2 : kKSteps8;
   [[maybe_unused]] uint32_t qa8[T::kI8 ? kQA8 : 1][4];
-  [[maybe_unused]] float qs8[NT];  // score scale of rows g (and g + 8)
-  [[maybe_unused]] float qs8T[2];  // kTM: of rows 2t, 2t + 1
+  [[maybe_unused]] uint32_t qa8lo[kLoSep ? kQA8 : 1][4];
+  [[maybe_unused]] float qs8[NT], qs8l[NT];  // hi and lo score scales of rows g (and g + 8)
+  [[maybe_unused]] float qs8T[2], qs8Tl[2];  // kTM: of rows 2t, 2t + 1 (kR4: hi and lo of row t in qs8T)
   auto load_qa8 = [&]() {
     if constexpr (T::kI8) {
       constexpr int kW = D / 16;  // 32-bit words per segment (D/4 int8)
-      uint32_t w0[kW], w1[NT == 2 ? kW : 1];
-      lds_words16<kW>(sQ8 + qrow * T::kQ8RowB + t * T::kQ8SegB, w0);
-      qs8[0] = sQs[qrow];
-      if constexpr (kTM) qs8T[0] = sQs[kR4 ? t : 2 * t], qs8T[1] = sQs[kR4 ? t : 2 * t + 1];
-      if constexpr (NT == 2) lds_words16<kW>(sQ8 + (8 + g) * T::kQ8RowB + t * T::kQ8SegB, w1), qs8[1] = sQs[8 + g];
+      constexpr float kLo = 1.0f / 254.0f;
+      auto seg = [&](int row8) { return sQ8 + row8 * T::kQ8RowB + t * T::kQ8SegB; };
+      uint32_t w0[kW], w1[NT == 2 ? kW : 1], l0[kR4 && kTM ? 1 : kW], l1[NT == 2 ? kW : 1];
+      lds_words16<kW>(seg(kR4 && kTM && (g & 1) ? kRows + qrow : qrow), w0);  // kR4 token-major: column g
+      if constexpr (!(kR4 && kTM)) lds_words16<kW>(seg(kRows + qrow), l0);
+      qs8[0] = sQs[qrow], qs8l[0] = qs8[0] * kLo;
+      if constexpr (kTM) {
+        if constexpr (kR4) qs8T[0] = sQs[t], qs8T[1] = qs8T[0] * kLo;
+        else qs8T[0] = sQs[2 * t], qs8T[1] = sQs[2 * t + 1], qs8Tl[0] = qs8T[0] * kLo, qs8Tl[1] = qs8T[1] * kLo;
+      }
+      if constexpr (NT == 2) {
+        lds_words16<kW>(seg(8 + g), w1), lds_words16<kW>(seg(kRows + 8 + g), l1);
+        qs8[1] = sQs[8 + g], qs8l[1] = qs8[1] * kLo;
+      }
 #pragma unroll
       for (int ks = 0; ks < kKSteps8; ++ks) {
         if constexpr (NT == 2) {
           qa8[ks][0] = w0[2 * ks], qa8[ks][2] = w0[2 * ks + 1];
           qa8[ks][1] = w1[2 * ks], qa8[ks][3] = w1[2 * ks + 1];
+          qa8lo[ks][0] = l0[2 * ks], qa8lo[ks][2] = l0[2 * ks + 1];
+          qa8lo[ks][1] = l1[2 * ks], qa8lo[ks][3] = l1[2 * ks + 1];
         } else if constexpr (kTM) {  // k-step ks's B fragment (words 2ks, 2ks + 1) as an aligned pair
           qa8[ks / 2][2 * (ks & 1)] = w0[2 * ks];
           qa8[ks / 2][2 * (ks & 1) + 1] = w0[2 * ks + 1];
-        } else {
-          qa8[ks / 2][ks & 1] = w0[2 * ks];
-          qa8[ks / 2][2 + (ks & 1)] = w0[2 * ks + 1];
+          if constexpr (kLoSep) {
+            qa8lo[ks / 2][2 * (ks & 1)] = l0[2 * ks];
+            qa8lo[ks / 2][2 * (ks & 1) + 1] = l0[2 * ks + 1];
+          }
+        } else {  // rows g: hi, rows g + 8: lo
+          qa8[ks][0] = w0[2 * ks], qa8[ks][2] = w0[2 * ks + 1];
+          qa8[ks][1] = l0[2 * ks], qa8[ks][3] = l0[2 * ks + 1];
         }
       }
     }
@@ -1201,15 +1228,28 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           // row g of the queries as the B operand, one MMA per k-step and 16 tokens
           if constexpr (T::kI8) {
             int acc[2][4] = {};
+            [[maybe_unused]] int accl[kLoSep ? 4 : 1] = {};
 #pragma unroll
             for (int ks = 0; ks < kKSteps8; ++ks) {
               uint32_t b0[2], b1[2];  // tokens g and g + 8
               gather_i8(a0, ks, b0), gather_i8(a1, ks, b1);
               const uint32_t(&q)[4] = qa8[ks / 2];
               mma_s8(acc[ks & 1], b0[0], b1[0], b0[1], b1[1], q[2 * (ks & 1)], q[2 * (ks & 1) + 1]);
+              if constexpr (kLoSep) {
+                const uint32_t(&ql)[4] = qa8lo[ks / 2];
+                mma_s8(accl, b0[0], b1[0], b0[1], b1[1], ql[2 * (ks & 1)], ql[2 * (ks & 1) + 1]);
+              }
             }
+            if constexpr (kR4) {  // columns 2t (hi) and 2t + 1 (lo) are row t: its score, twice
 #pragma unroll
-            for (int e = 0; e < 4; ++e) s[kt][e] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[e & 1], -mbT[e & 1]);
+              for (int e = 0; e < 4; e += 2)
+                s[kt][e] = s[kt][e + 1] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[0],
+                                               fmaf(float(acc[0][e + 1] + acc[1][e + 1]), qs8T[1], -mbT[0]));
+            } else {
+#pragma unroll
+              for (int e = 0; e < 4; ++e)
+                s[kt][e] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[e & 1], fmaf(float(accl[e]), qs8Tl[e & 1], -mbT[e & 1]));
+            }
           } else {
             float acc[2][4];
 #pragma unroll
@@ -1231,27 +1271,33 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           }
         } else if constexpr (T::kI8) {
           int ev[2][4] = {}, od[2][4] = {};
+          [[maybe_unused]] int lv[kLoSep ? 2 : 1][4] = {};
 #pragma unroll
           for (int ks = 0; ks < kKSteps8; ++ks) {
             uint32_t b0[2], b1[2];  // tokens g and g + 8
             gather_i8(a0, ks, b0), gather_i8(a1, ks, b1);
-            const uint32_t(&q)[4] = qa8[NT == 2 ? ks : ks / 2];
+            const uint32_t(&q)[4] = qa8[ks];
             int(&acc)[2][4] = (ks & 1) ? od : ev;
             mma_s8(acc[0], q[0], q[1], q[2], q[3], b0[0], b0[1]);
             mma_s8(acc[1], q[0], q[1], q[2], q[3], b1[0], b1[1]);
+            if constexpr (kLoSep) {
+              const uint32_t(&ql)[4] = qa8lo[ks];
+              mma_s8(lv[0], ql[0], ql[1], ql[2], ql[3], b0[0], b0[1]);
+              mma_s8(lv[1], ql[0], ql[1], ql[2], ql[3], b1[0], b1[1]);
+            }
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            // exact int32 dot products, scaled, minus the rows' offsets (one FFMA each)
-            if constexpr (NT == 1) {  // odd k-steps ran as rows g + 8
-              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][2]), qs8[0], -mb[0]);
-              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][3]), qs8[0], -mb[0]);
+            // exact int32 dot products, hi and lo scaled, minus the rows' offsets (two FFMAs each)
+            if constexpr (NT == 1) {  // lo ran as rows g + 8
+              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], fmaf(float(ev[h][2] + od[h][2]), qs8l[0], -mb[0]));
+              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], fmaf(float(ev[h][3] + od[h][3]), qs8l[0], -mb[0]));
               s[kt][h][2] = s[kt][h][3] = 0.0f;
             } else {
-              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], -mb[0]);
-              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], -mb[0]);
-              s[kt][h][2] = fmaf(float(ev[h][2] + od[h][2]), qs8[NT - 1], -mb[NT - 1]);
-              s[kt][h][3] = fmaf(float(ev[h][3] + od[h][3]), qs8[NT - 1], -mb[NT - 1]);
+              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], fmaf(float(lv[h][0]), qs8l[0], -mb[0]));
+              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], fmaf(float(lv[h][1]), qs8l[0], -mb[0]));
+              s[kt][h][2] = fmaf(float(ev[h][2] + od[h][2]), qs8[NT - 1], fmaf(float(lv[h][2]), qs8l[NT - 1], -mb[NT - 1]));
+              s[kt][h][3] = fmaf(float(ev[h][3] + od[h][3]), qs8[NT - 1], fmaf(float(lv[h][3]), qs8l[NT - 1], -mb[NT - 1]));
             }
           }
         } else {

@@ -134,13 +134,17 @@ void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView&
         const int64_t h = kh * G + g;
         for (int64_t i = 0; i < Lq; ++i) {
           const int64_t pos = N - Lq + i;
-          if (in.int8_query) {  // q̃, then its int8 rounding (the dequantized values)
+          if (in.int8_query) {  // q̃, then its two-int8 rounding (the dequantized values)
             for (int64_t d = 0; d < D; ++d) qt[size_t(d)] = detail::load_f32(q.data, q.dtype, detail::off4(q, b, h, i, d));
             in.transform->forward_queries(qt.data(), 1, int(kh));
             float amax = 0.0f;
             for (float x : qt) amax = std::max(amax, std::fabs(x));
-            const float sq = amax / 127.0f;
-            for (float& x : qt) x = amax > 0.0f ? std::clamp(std::nearbyint(x * (127.0f / amax)), -127.0f, 127.0f) * sq : 0.0f;
+            const float sq = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            for (float& x : qt) {
+              const float hi = std::clamp(std::nearbyint(x * inv), -127.0f, 127.0f);
+              const float lo = std::clamp(std::nearbyint((x - hi * sq) * inv * 254.0f), -127.0f, 127.0f);
+              x = amax > 0.0f ? hi * sq + lo * (sq / 254.0f) : 0.0f;
+            }
           }
           double mx = -INFINITY;
           for (int64_t j = 0; j < N; ++j) {

@@ -207,6 +207,39 @@ TEST(VecInferCache, StateRoundTripIsBitForBit) {
   }
 }
 
+// KVCacheConfig::int8_key_grid (on by default): the key codebook, random or given, is moved onto
+// the int8 grid at construction and the value codebook is left alone; false keeps both as given.
+// meta_state records the choice, and a state written before it existed (no "int8_key_grid")
+// restores its codebook as given.
+TEST(VecInferCache, KeyCodebookSitsOnTheInt8GridUnlessAskedNot) {
+  KVCacheConfig on = vq_config(CacheMode::MemoryBound, 64, 8), off = on;
+  EXPECT_TRUE(on.int8_key_grid);
+  off.int8_key_grid = false;
+  const VecInferKVCache a(on), b(off);
+  EXPECT_EQ(a.key_quantizer().codebook, snap_to_int8_grid(b.key_quantizer().codebook));
+  EXPECT_NE(a.key_quantizer().codebook, b.key_quantizer().codebook);
+  EXPECT_EQ(a.value_quantizer().codebook, b.value_quantizer().codebook);
+  EXPECT_EQ(a.meta_state().at("int8_key_grid"), "true");
+  EXPECT_EQ(b.meta_state().at("int8_key_grid"), "false");
+  // a given codebook, too
+  KVCacheConfig given = on;
+  given.key_codebook = b.key_quantizer().codebook;
+  given.value_codebook = b.value_quantizer().codebook;
+  EXPECT_EQ(VecInferKVCache(given).key_quantizer().codebook, a.key_quantizer().codebook);
+  // an older state: no flag, its codebook restored as given (into a cache that snaps by default)
+  std::mt19937_64 rng(5);
+  VecInferKVCache c(off);
+  KV x = random_kv(1, 2, 20, 64, DType::F16, false, rng);
+  c.update(x.k.view, x.v.view);
+  CacheMetaState old_meta = c.meta_state();
+  old_meta.erase("int8_key_grid");
+  VecInferKVCache d(on);
+  d.restore(c.state(), old_meta);
+  EXPECT_EQ(d.key_quantizer().codebook, b.key_quantizer().codebook);
+  EXPECT_FALSE(d.config().int8_key_grid);
+  EXPECT_EQ(snapshot(d), snapshot(c));
+}
+
 TEST(VecInferCache, BadRestoreLeavesTheCacheUnchanged) {
   std::mt19937_64 rng(14);
   VecInferKVCache c(vq_config(CacheMode::MemoryBound, 64, 8));

@@ -168,7 +168,13 @@ TEST(Artifact, CacheFromArtifactUsesItsCodebooks) {
   auto* vc = dynamic_cast<VecInferKVCache*>(cache.get());
   ASSERT_NE(vc, nullptr);
   EXPECT_FALSE(vc->uses_random_codebooks());
-  EXPECT_EQ(vc->key_quantizer().codebook, a.layers[1].key_codebook);
+  // the key codebook on the int8 grid (KVCacheConfig::int8_key_grid, the default), the values' as trained
+  EXPECT_EQ(vc->key_quantizer().codebook, snap_to_int8_grid(a.layers[1].key_codebook));
+  EXPECT_EQ(vc->value_quantizer().codebook, a.layers[1].value_codebook);
+  KVCacheConfig as_given = base;
+  as_given.int8_key_grid = false;
+  auto cache2 = create_cache_from_artifact(a, 1, as_given);
+  EXPECT_EQ(dynamic_cast<VecInferKVCache*>(cache2.get())->key_quantizer().codebook, a.layers[1].key_codebook);
   EXPECT_THROW(artifact_cache_config(a, 2), ValueError);
   EXPECT_THROW(artifact_cache_config(a, -1), ValueError);
 }

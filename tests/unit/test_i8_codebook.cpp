@@ -70,6 +70,38 @@ TEST(I8Codebook, ZeroAndNonFiniteCodebooks) {
   EXPECT_THROW(make_i8_codebook(bad), ValueError);
 }
 
+// KVCacheConfig::int8_key_grid: the snapped codebook is what make_i8_codebook decodes, bit for
+// bit (so the CUDA kernels' int8 keys are the cache's own centroids), every entry is an integer
+// number of steps, no entry moved by more than half a step, and snapping again changes nothing
+// (a restored cache snaps its saved codebook once more). Scales from tiny to large, where the
+// step's float products round differently.
+TEST(I8Codebook, SnapToInt8GridIsAFixedPointOnTheGrid) {
+  std::mt19937_64 rng(11);
+  for (float sigma : {1e-3f, 0.37f, 1.0f, 3.7f, 1e4f}) {
+    SCOPED_TRACE(sigma);
+    std::normal_distribution<float> nd(0.0f, sigma);
+    std::vector<float> cb(256 * 4);
+    for (float& x : cb) x = nd(rng);
+    const std::vector<float> s = snap_to_int8_grid(cb);
+    ASSERT_EQ(s.size(), cb.size());
+    const I8Codebook q = make_i8_codebook(s);
+    EXPECT_EQ(q.decoded, s);                 // the kernels' centroids are these
+    EXPECT_EQ(snap_to_int8_grid(s), s);      // a fixed point
+    const float step = make_i8_codebook(cb).scale;
+    bool moved = false;
+    for (size_t i = 0; i < cb.size(); ++i) {
+      EXPECT_EQ(s[i], float(q.bytes[i]) * q.scale) << i;
+      EXPECT_LE(std::fabs(s[i] - cb[i]), 0.5f * step * (1 + 1e-5f)) << i;
+      moved |= s[i] != cb[i];
+    }
+    EXPECT_TRUE(moved);  // Gaussian entries are not on the grid to begin with
+  }
+  EXPECT_EQ(snap_to_int8_grid(std::vector<float>(16, 0.0f)), std::vector<float>(16, 0.0f));
+  std::vector<float> bad(16, 0.25f);
+  bad[3] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_THROW(snap_to_int8_grid(bad), ValueError);
+}
+
 // CodebookFormat::I8KV's layout: the kernel puts byte u under fp16's exponent byte 0x64 (the
 // fp16 1024 + u) and removes 1152 = 1024 + 128 per unit of probability, so u must be byte + 128
 // and 0x6400 | u must decode to exactly 1024 + u for every byte the codebook can hold.

@@ -175,7 +175,7 @@ class BenchCommand final : public Command {
   int heads_ = 32, kv_heads_ = 8, head_dim_ = 128, residual_ = 128, repeats_ = 20, threads_ = 0;
   int64_t ctx_ = 32768, batch_ = 1;
   uint64_t seed_ = 0;
-  std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "f16";
+  std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "i8";
   bool json_ = false;
 };
 

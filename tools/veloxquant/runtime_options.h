@@ -30,7 +30,7 @@ struct CacheArgs {
   bool random_codebooks = false;
   std::string key_spec = "d4b12";
   std::string value_spec = "d8b8";
-  std::string attention_codebooks = "f16";
+  std::string attention_codebooks = "i8";
   uint64_t seed = 0;
 };
 

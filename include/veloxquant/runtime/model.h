@@ -141,7 +141,7 @@ struct CacheOptions {
   uint64_t seed = 0;                 ///< random codebooks: layer i uses seed + i
   int n_threads = 0;                 ///< cache threads; 0 or the model's count: the model's pool, shared by every layer; else one pool of n_threads shared by every layer
   /// VecInfer on CUDA: the codebooks fused_sdpa reads (cache.h CodebookFormat).
-  CodebookFormat attention_codebooks = CodebookFormat::F16;
+  CodebookFormat attention_codebooks = CodebookFormat::I8;
 };
 
 /// The base KVCacheConfig of `model` for `options` (head_dim, n_kv_heads, mode flags, ...).
