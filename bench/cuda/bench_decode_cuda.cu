@@ -140,11 +140,7 @@ void grid_fill(__half* p, size_t n, uint32_t seed, float scale) {
   CK(cudaGetLastError());
 }
 
-Tensor to_device_bench(const Tensor& host) {
-  Tensor d = Tensor::empty(host.sizes(), host.dtype(), Device::cuda(0));
-  CK(cudaMemcpy(d.data(), host.data(), size_t(host.nbytes()), cudaMemcpyHostToDevice));
-  return d;
-}
+Tensor to_device_bench(const Tensor& host) { return Tensor::copy_to(host.view(), Device::cuda(0)); }
 
 std::vector<float> fp16_codebook(int n, int sub, std::mt19937_64& rng, std::vector<uint16_t>& bits) {
   std::normal_distribution<float> nd(0.0f, 0.7f);

@@ -16,6 +16,10 @@
 // decoded keys scored against the int8-rounded query, fp16 values), int8 keys and values
 // (CodebookFormat::I8KV: the same, with make_i8_codebook's decoded values) → the demo's attention-output error against exact
 // attention on the original K/V (evaluate.h: mean over rows of ||o − o_ref|| / ||o_ref||).
+// The five columns use the artifact's key codebook as trained (KVCacheConfig::int8_key_grid off,
+// the int8 columns with the query as two int8s, as the kernels hold it since 2026-12-03); "grid
+// f32" and "grid i8" are the caches' defaults since then: the key codebook on the int8 grid, with
+// f32 centroids (the CPU cache) and as CodebookFormat::I8 (the CUDA cache).
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -45,8 +49,8 @@ int main(int argc, char** argv) {
   std::vector<uint64_t> seeds;
   for (int i = 1; i < argc; ++i) seeds.push_back(std::strtoull(argv[i], nullptr, 10));
   if (seeds.empty()) seeds.push_back(0);
-  std::printf("%-5s %-12s %10s %10s %10s %10s %10s %12s %12s %12s\n", "seed", "keys/values", "f32", "fp16", "e4m3",
-              "i8", "i8kv", "e4m3 vs f32", "i8 vs f32", "i8kv vs f32");
+  std::printf("%-5s %-12s %10s %10s %10s %10s %10s %10s %10s %12s %12s %12s %12s\n", "seed", "keys/values", "f32", "fp16",
+              "e4m3", "i8", "i8kv", "grid f32", "grid i8", "e4m3 vs f32", "i8 vs f32", "i8kv vs f32", "grid vs f32");
   for (uint64_t seed : seeds) {
     SyntheticKVConfig cfg;  // the demo's model: 4 layers, 32/8 heads, head_dim 128
     cfg.n_layers = 4;
@@ -70,14 +74,19 @@ int main(int argc, char** argv) {
       base.fused_sdpa = true;
       base.fused_sdpa_memory_bound = true;
       base.residual_length = 128;
-      double err[5] = {0, 0, 0, 0, 0};
+      double err[7] = {0, 0, 0, 0, 0, 0, 0};
       for (int l = 0; l < cfg.n_layers; ++l) {
+        base.int8_key_grid = false;
         auto cache = create_cache_from_artifact(art, l, base);
+        base.int8_key_grid = true;
+        auto grid = create_cache_from_artifact(art, l, base);
+        grid->update(kv_as_cache_layout(eval.kv.keys[size_t(l)]), kv_as_cache_layout(eval.kv.values[size_t(l)]));
         cache->update(kv_as_cache_layout(eval.kv.keys[size_t(l)]), kv_as_cache_layout(eval.kv.values[size_t(l)]));
         const auto* vc = dynamic_cast<const VecInferKVCache*>(cache.get());
         const TensorView q = queries_as_cache_layout(eval.queries[size_t(l)]);
-        for (int f = 0; f < 5; ++f) {
-          VecInferAttentionInputs in = vc->attention_inputs();
+        for (int f = 0; f < 7; ++f) {
+          VecInferAttentionInputs in =
+              (f < 5 ? vc : dynamic_cast<const VecInferKVCache*>(grid.get()))->attention_inputs();
           ProductQuantizer kq = *in.key_pq, vq = *in.value_pq;
           if (f == 1) {
             kq.set_codebook(rounded_f16(kq.codebook));
@@ -85,7 +94,10 @@ int main(int argc, char** argv) {
           } else if (f == 2) {
             kq.set_codebook(make_e4m3_codebook(kq.codebook).decoded);
             vq.set_codebook(make_e4m3_codebook(vq.codebook).decoded);
-          } else if (f >= 3) {
+          } else if (f == 6) {  // on the grid, make_i8_codebook's decoded keys are the codebook itself
+            vq.set_codebook(rounded_f16(vq.codebook));
+            in.int8_query = true;
+          } else if (f >= 3 && f <= 4) {
             kq.set_codebook(make_i8_codebook(kq.codebook).decoded);
             vq.set_codebook(f == 3 ? rounded_f16(vq.codebook) : make_i8_codebook(vq.codebook).decoded);
             in.int8_query = true;
@@ -97,9 +109,10 @@ int main(int argc, char** argv) {
           err[f] += attention_relative_error(o.view(), ref[size_t(l)].view()) / cfg.n_layers;
         }
       }
-      std::printf("%-5llu %-12s %10.5f %10.5f %10.5f %10.5f %10.5f %+11.2f%% %+11.2f%% %+11.2f%%\n",
-                  (unsigned long long)seed, spec, err[0], err[1], err[2], err[3], err[4], 100.0 * (err[2] / err[0] - 1.0),
-                  100.0 * (err[3] / err[0] - 1.0), 100.0 * (err[4] / err[0] - 1.0));
+      std::printf("%-5llu %-12s %10.5f %10.5f %10.5f %10.5f %10.5f %10.5f %10.5f %+11.2f%% %+11.2f%% %+11.2f%% %+11.2f%%\n",
+                  (unsigned long long)seed, spec, err[0], err[1], err[2], err[3], err[4], err[5], err[6],
+                  100.0 * (err[2] / err[0] - 1.0), 100.0 * (err[3] / err[0] - 1.0), 100.0 * (err[4] / err[0] - 1.0),
+                  100.0 * (err[5] / err[0] - 1.0));
       std::fflush(stdout);
     }
   }

@@ -84,9 +84,7 @@ Staged stage(const TensorView& v, Device dev, const char* what) {
   if (v.device == dev) return {Tensor{}, v};
   VQ_CHECK_SHAPE(v.device.is_cpu(), what << ": on " << device_name(v.device) << ", the cache lives on "
                                          << device_name(dev));
-  Tensor host = Tensor::copy_of(v);
-  Tensor d = Tensor::empty(v.sizes(), v.dtype, dev);
-  detail::cuda_memcpy_h2d(d.data(), host.data(), size_t(host.nbytes()), dev);
+  Tensor d = Tensor::copy_to(v, dev);
   return {d, d.view()};
 }
 

@@ -253,6 +253,7 @@ KVCacheConfig cache_config_for(const Model& model, const CacheOptions& o) {
   k.value_codebook_bits = o.value_spec.codebook_bits;
   k.seed = o.seed;
   k.attention_codebooks = o.attention_codebooks;
+  k.int8_key_grid = o.int8_key_grid;
   // One set of threads for every layer (the model runs them one after another): the model's
   // own pool, or one pool of the requested size.
   k.thread_pool = (o.n_threads == 0 || o.n_threads == model.pool().size()) ? model.shared_pool()

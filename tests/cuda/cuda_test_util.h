@@ -36,11 +36,7 @@ inline Tensor random_tensor(const Shape& shape, DType dt, std::mt19937_64& rng, 
   return Tensor::from_floats(x, shape, dt);
 }
 
-inline Tensor to_device(const Tensor& host, int dev = 0) {
-  Tensor d = Tensor::empty(host.sizes(), host.dtype(), Device::cuda(dev));
-  EXPECT_EQ(cudaMemcpy(d.data(), host.data(), size_t(host.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
-  return d;
-}
+inline Tensor to_device(const Tensor& host, int dev = 0) { return Tensor::copy_to(host.view(), Device::cuda(dev)); }
 
 inline Tensor to_host(const Tensor& dev) {
   if (dev.device().is_cpu()) return dev;

@@ -184,6 +184,17 @@ TEST(RuntimeModel, VecInferRandomCodebooksRunAndReportBytes) {
   EXPECT_TRUE(acc->uses_random_codebooks());
   EXPECT_EQ(acc->compressed_key_bytes(), 69 * m->config().n_kv_heads * m->config().head_dim * 2 / 8);
   EXPECT_GT(r.stats.kv_bytes, 0);
+  // CacheOptions::int8_key_grid reaches the caches: on (the default) the key codebook sits on
+  // its int8 grid, off it stays as drawn
+  EXPECT_TRUE(cv[0]->config().int8_key_grid);
+  vo.int8_key_grid = false;
+  LayerCaches raw = make_caches(*m, vo);
+  EXPECT_FALSE(raw[0]->config().int8_key_grid);
+  const auto* on = dynamic_cast<const VecInferKVCache*>(cv[0].get());
+  const auto* off = dynamic_cast<const VecInferKVCache*>(raw[0].get());
+  ASSERT_TRUE(on && off);
+  EXPECT_EQ(on->key_quantizer().codebook, snap_to_int8_grid(off->key_quantizer().codebook));
+  EXPECT_NE(on->key_quantizer().codebook, off->key_quantizer().codebook);
 }
 
 TEST(RuntimeModel, ArtifactShapeMismatchIsNamed) {

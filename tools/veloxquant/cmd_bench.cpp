@@ -52,8 +52,8 @@ class BenchCommand final : public Command {
     app.add_option("--artifact", artifact_, "use layer 0 of this artifact (its keys/values override --keys/--values)");
     app.add_option("--device", device_, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
     app.add_option("--attention-codebooks", codebooks_,
-                   "cuda: codebooks the VecInfer attention kernel reads (f16, e4m3, i8 = int8 keys: fastest for "
-                   "8-bit value codebooks, i8kv = int8 keys and values: fastest for 12-bit value codebooks)")
+                   "cuda: codebooks the VecInfer attention kernel reads (i8 = int8 keys: fastest for 8-bit value "
+                   "codebooks, f16, e4m3, i8kv = int8 keys and values: fastest for 12-bit value codebooks)")
         ->check(CLI::IsMember({"f16", "e4m3", "i8", "i8kv"}))
         ->capture_default_str();
     app.add_option("--repeats", repeats_, "timed repetitions (median)")->capture_default_str();

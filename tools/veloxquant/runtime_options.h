@@ -31,6 +31,7 @@ struct CacheArgs {
   std::string key_spec = "d4b12";
   std::string value_spec = "d8b8";
   std::string attention_codebooks = "i8";
+  bool no_int8_key_grid = false;
   uint64_t seed = 0;
 };
 
@@ -55,13 +56,17 @@ inline void add_cache_options(CLI::App* app, CacheArgs& a) {
   app->add_option("--key-spec", a.key_spec, "random codebooks: key sub_dim/bits, e.g. d4b12");
   app->add_option("--value-spec", a.value_spec, "random codebooks: value sub_dim/bits, e.g. d8b8");
   app->add_option("--attention-codebooks", a.attention_codebooks,
-                  "VecInfer on cuda: codebooks the attention kernel reads: f16, e4m3 (FP8: faster for 12-bit "
-                  "codebooks, about +0.1-0.4% attention error), i8 (int8 keys on int8 tensor cores, fp16 values: "
-                  "fastest for 8-bit value codebooks) or i8kv (int8 keys and values: fastest for 12-bit value "
-                  "codebooks); i8/i8kv cost about +0.01-0.06% attention error on the demo data but moved tiny "
-                  "Qwen2 test models' logits 16% (fp16: 0.1%): check them on your model; see docs/cuda-kernels.md")
+                  "VecInfer on cuda: codebooks the attention kernel reads: i8 (int8 keys on the cache's int8 key "
+                  "grid, scored on int8 tensor cores against a two-int8 query, fp16 values: the fastest for "
+                  "8-bit value codebooks and as close to the CPU cache as f16), f16, e4m3 (FP8: faster for "
+                  "12-bit codebooks, about +0.1-0.4% attention error) or i8kv (int8 keys and values: fastest "
+                  "for 12-bit value codebooks, about +0.01-0.06% attention error); see docs/cuda-kernels.md")
       ->check(CLI::IsMember({"f16", "e4m3", "i8", "i8kv"}))
       ->capture_default_str();
+  app->add_flag("--no-int8-key-grid", a.no_int8_key_grid,
+                "VecInfer: keep the key codebook as trained instead of snapping it to its int8 grid "
+                "(KVCacheConfig::int8_key_grid; the grid changes the attention error by -0.1 to +0.4% on the demo "
+                "data and makes the cuda i8 kernels exact; without it they round the codebook per call)");
 }
 
 /// Commands other than `generate` run the forward pass on the CPU only: refuse --device cuda
@@ -93,6 +98,7 @@ inline veloxquant::runtime::CacheOptions cache_options(const CacheArgs& a, int t
   o.seed = a.seed;
   o.n_threads = threads;
   o.attention_codebooks = parse_codebook_format(a.attention_codebooks);
+  o.int8_key_grid = !a.no_int8_key_grid;
   if (o.kind == CacheKind::VecInfer && a.artifact.empty() && !a.random_codebooks)
     VQ_THROW(ValueError, "--cache vecinfer needs --artifact FILE (from `veloxquant calibrate --model ...`), or "
                          "--random-codebooks for a smoke test");

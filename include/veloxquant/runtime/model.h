@@ -142,6 +142,8 @@ struct CacheOptions {
   int n_threads = 0;                 ///< cache threads; 0 or the model's count: the model's pool, shared by every layer; else one pool of n_threads shared by every layer
   /// VecInfer on CUDA: the codebooks fused_sdpa reads (cache.h CodebookFormat).
   CodebookFormat attention_codebooks = CodebookFormat::I8;
+  /// VecInfer: the key codebook snapped to its int8 grid (KVCacheConfig::int8_key_grid).
+  bool int8_key_grid = true;
 };
 
 /// The base KVCacheConfig of `model` for `options` (head_dim, n_kv_heads, mode flags, ...).
