@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
       p.max_points_per_centroid = 256;
       p.max_eval_vectors = 2048;
       p.measure_untransformed = false;
+      p.int8_key_grid = false;  // the codebooks as trained; the grid columns snap them in the cache
       const Artifact art = calibrate(calib.kv, p).artifact;
       KVCacheConfig base;
       base.fused_sdpa = true;

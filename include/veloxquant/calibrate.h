@@ -70,6 +70,10 @@ struct CalibrationParams {
   int max_points_per_centroid = 64;  ///< k-means training subsample: 2^bits · this points
   int64_t max_eval_vectors = 8192;   ///< head vectors used to measure errors (0: all)
   bool measure_untransformed = true; ///< also train/measure keys without the transforms
+  /// The trained key codebook snapped to its int8 grid (snap_to_int8_grid) before it is measured
+  /// and written, as the caches use it by default (KVCacheConfig::int8_key_grid): the reported
+  /// key error is then the one the caches get. false writes the k-means result as it is.
+  bool int8_key_grid = true;
   int n_threads = 0;                 ///< 0: default_threads()
   std::function<void(const CalibrationProgress&)> on_progress;
 };

@@ -267,6 +267,7 @@ CalibrationResult calibrate(const KVSamples& samples, const CalibrationParams& p
       std::vector<float> kt(K.ptr<float>(), K.ptr<float>() + K.numel());
       transform_rows(tr, kt.data(), n_tok, false);
       layer.key_codebook = train(kt.data(), n_tok * H, p.key_spec, "keys", w_keys, p.seed + 1000003ull * l);
+      if (p.int8_key_grid) layer.key_codebook = snap_to_int8_grid(layer.key_codebook);
     }
     // Value codebook on raw values.
     layer.value_codebook = train(V.ptr<float>(), n_tok * H, p.value_spec, "values", w_values, p.seed + 1000003ull * l + 1);

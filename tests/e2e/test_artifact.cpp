@@ -199,11 +199,26 @@ TEST(Calibration, ErrorsAreSaneAndDeterministic) {
     EXPECT_GT(L.key_error_untransformed, 0.0);
     EXPECT_EQ(r1.artifact.layers[l].key_codebook, r2.artifact.layers[l].key_codebook) << "layer " << l;
     EXPECT_EQ(L.key_error, r2.layers[l].key_error);
+    // the key codebook on its int8 grid (CalibrationParams::int8_key_grid), the values' as trained
+    const std::vector<float>& kcb = r1.artifact.layers[l].key_codebook;
+    EXPECT_EQ(snap_to_int8_grid(kcb), kcb) << "layer " << l;
+    EXPECT_NE(snap_to_int8_grid(r1.artifact.layers[l].value_codebook), r1.artifact.layers[l].value_codebook);
     // λ = sqrt(max |K|) per (head, channel).
     const float* K = seq.kv.keys[l].ptr<float>();
     float mx = 0;
     for (int64_t t = 0; t < 1024; ++t) mx = std::max(mx, std::fabs(K[(t * 2 + 1) * 64 + 5]));
     EXPECT_NEAR(r1.artifact.layers[l].smooth_factors[64 + 5], std::sqrt(mx), 1e-4f * std::sqrt(mx));
+  }
+  // without the grid: the k-means result as it is (not on the grid), a key error within a few
+  // percent of the grid's
+  CalibrationParams raw = p;
+  raw.int8_key_grid = false;
+  auto r3 = calibrate(seq.kv, raw);
+  for (int l = 0; l < 2; ++l) {
+    const std::vector<float>& kcb = r3.artifact.layers[l].key_codebook;
+    EXPECT_NE(snap_to_int8_grid(kcb), kcb) << "layer " << l;
+    EXPECT_EQ(snap_to_int8_grid(kcb), r1.artifact.layers[l].key_codebook) << "layer " << l;
+    EXPECT_NEAR(r1.layers[l].key_error, r3.layers[l].key_error, 0.05 * r3.layers[l].key_error) << "layer " << l;
   }
   // Too few tokens for the codebook size: a clear error.
   auto tiny = m.generate(2, 0, 1);

@@ -77,6 +77,9 @@ class CalibrateCommand final : public Command {
         ->capture_default_str();
     app.add_flag("--no-transforms", no_transforms_,
                  "train keys without smooth and Hadamard (the ablation; the artifact records it)");
+    app.add_flag("--no-int8-key-grid", no_grid_,
+                 "write the key codebook as k-means left it instead of on its int8 grid (the caches snap it to the "
+                 "grid at load unless they are told not to: KVCacheConfig::int8_key_grid)");
     app.add_flag("--skip-ablation", skip_ablation_,
                  "do not train the untransformed key codebook used for the 'without transforms' column");
     app.add_option("--threads", params_.n_threads, "CPU threads (0: all cores)")->capture_default_str();
@@ -99,6 +102,7 @@ class CalibrateCommand final : public Command {
     params_.value_spec = veloxquant::PQSpec::parse(values_);
     params_.use_smooth = params_.use_hadamard = !no_transforms_;
     params_.measure_untransformed = !skip_ablation_ && !no_transforms_;
+    params_.int8_key_grid = !no_grid_;
 
     veloxquant::KVSamples samples = src->load(max_tokens_);
     std::fprintf(stderr, "calibrating %d layers x %d kv heads x head_dim %d, %lld tokens per layer, keys %s, values %s\n",
@@ -152,6 +156,7 @@ class CalibrateCommand final : public Command {
                           {"values", params_.value_spec.str()},
                           {"alpha", params_.alpha},
                           {"transforms", !no_transforms_},
+                          {"int8_key_grid", !no_grid_},
                           {"seconds", res.seconds},
                           {"layers", jl}};
       write_json(j, json_);
@@ -164,7 +169,7 @@ class CalibrateCommand final : public Command {
   veloxquant::CalibrationParams params_;
   std::string keys_ = "d4b12", values_ = "d8b8", output_, json_;
   int64_t max_tokens_ = 0;
-  bool no_transforms_ = false, skip_ablation_ = false, progress_ = false;
+  bool no_transforms_ = false, skip_ablation_ = false, progress_ = false, no_grid_ = false;
 };
 
 VQ_REGISTER_COMMAND(CalibrateCommand, "calibrate", "Train smooth factors and codebooks from KV samples")
