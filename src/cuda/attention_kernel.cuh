@@ -759,12 +759,15 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // k-step), the four-row kernel's duplicate columns 2t + 1 take lo; two row tiles, and
   // token-major tiles of up to 8 rows, hold a second operand set and run a second MMA (kLoSep).
   constexpr int kKSteps8 = D / 32;
+  // kHiLo: a score's hi and lo dot products meet in int32 as hi·254 + lo, |.| <= 255·127²·D
+  // (1.05e9 at head_dim 256), then one conversion to f32 (2^-24 relative above 2^24) and one FFMA
+  static_assert(int64_t(255) * 127 * 127 * D < (int64_t(1) << 31), "hi·254 + lo must fit int32");
   constexpr bool kLoSep = T::kI8 && (NT == 2 || (kTM && !kR4));
   constexpr int kQA8 = kTM ? kKSteps8 / 2 : kKSteps8;
   [[maybe_unused]] uint32_t qa8[T::kI8 ? kQA8 : 1][4];
   [[maybe_unused]] uint32_t qa8lo[kLoSep ? kQA8 : 1][4];
-  [[maybe_unused]] float qs8[NT], qs8l[NT];  // hi and lo score scales of rows g (and g + 8)
-  [[maybe_unused]] float qs8T[2], qs8Tl[2];  // kTM: of rows 2t, 2t + 1 (kR4: hi and lo of row t in qs8T)
+  [[maybe_unused]] float qs8[NT];  // s/254 (kHiLo) of rows g (and g + 8)
+  [[maybe_unused]] float qs8T[2];  // kTM: of rows 2t, 2t + 1 (kR4: both row t)
   auto load_qa8 = [&]() {
     if constexpr (T::kI8) {
       constexpr int kW = D / 16;  // 32-bit words per segment (D/4 int8)
@@ -773,14 +776,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       uint32_t w0[kW], w1[NT == 2 ? kW : 1], l0[kR4 && kTM ? 1 : kW], l1[NT == 2 ? kW : 1];
       lds_words16<kW>(seg(kR4 && kTM && (g & 1) ? kRows + qrow : qrow), w0);  // kR4 token-major: column g
       if constexpr (!(kR4 && kTM)) lds_words16<kW>(seg(kRows + qrow), l0);
-      qs8[0] = sQs[qrow], qs8l[0] = qs8[0] * kLo;
+      qs8[0] = sQs[qrow] * kLo;
       if constexpr (kTM) {
-        if constexpr (kR4) qs8T[0] = sQs[t], qs8T[1] = qs8T[0] * kLo;
-        else qs8T[0] = sQs[2 * t], qs8T[1] = sQs[2 * t + 1], qs8Tl[0] = qs8T[0] * kLo, qs8Tl[1] = qs8T[1] * kLo;
+        qs8T[0] = sQs[kR4 ? t : 2 * t] * kLo, qs8T[1] = sQs[kR4 ? t : 2 * t + 1] * kLo;
       }
       if constexpr (NT == 2) {
         lds_words16<kW>(seg(8 + g), w1), lds_words16<kW>(seg(kRows + 8 + g), l1);
-        qs8[1] = sQs[8 + g], qs8l[1] = qs8[1] * kLo;
+        qs8[1] = sQs[8 + g] * kLo;
       }
 #pragma unroll
       for (int ks = 0; ks < kKSteps8; ++ks) {
@@ -1240,15 +1242,16 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
                 mma_s8(accl, b0[0], b1[0], b0[1], b1[1], ql[2 * (ks & 1)], ql[2 * (ks & 1) + 1]);
               }
             }
+            // hi·254 + lo in int32 (see kHiLo), then one conversion and one FFMA by s/254
             if constexpr (kR4) {  // columns 2t (hi) and 2t + 1 (lo) are row t: its score, twice
 #pragma unroll
               for (int e = 0; e < 4; e += 2)
-                s[kt][e] = s[kt][e + 1] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[0],
-                                               fmaf(float(acc[0][e + 1] + acc[1][e + 1]), qs8T[1], -mbT[0]));
+                s[kt][e] = s[kt][e + 1] =
+                    fmaf(float((acc[0][e] + acc[1][e]) * 254 + acc[0][e + 1] + acc[1][e + 1]), qs8T[0], -mbT[0]);
             } else {
 #pragma unroll
               for (int e = 0; e < 4; ++e)
-                s[kt][e] = fmaf(float(acc[0][e] + acc[1][e]), qs8T[e & 1], fmaf(float(accl[e]), qs8Tl[e & 1], -mbT[e & 1]));
+                s[kt][e] = fmaf(float((acc[0][e] + acc[1][e]) * 254 + accl[e]), qs8T[e & 1], -mbT[e & 1]);
             }
           } else {
             float acc[2][4];
@@ -1288,16 +1291,17 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           }
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            // exact int32 dot products, hi and lo scaled, minus the rows' offsets (two FFMAs each)
+            // exact int32 dot products combined as hi·254 + lo (kHiLo), scaled by s/254, minus
+            // the rows' offsets: one conversion and one FFMA per score
             if constexpr (NT == 1) {  // lo ran as rows g + 8
-              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], fmaf(float(ev[h][2] + od[h][2]), qs8l[0], -mb[0]));
-              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], fmaf(float(ev[h][3] + od[h][3]), qs8l[0], -mb[0]));
+              s[kt][h][0] = fmaf(float((ev[h][0] + od[h][0]) * 254 + ev[h][2] + od[h][2]), qs8[0], -mb[0]);
+              s[kt][h][1] = fmaf(float((ev[h][1] + od[h][1]) * 254 + ev[h][3] + od[h][3]), qs8[0], -mb[0]);
               s[kt][h][2] = s[kt][h][3] = 0.0f;
             } else {
-              s[kt][h][0] = fmaf(float(ev[h][0] + od[h][0]), qs8[0], fmaf(float(lv[h][0]), qs8l[0], -mb[0]));
-              s[kt][h][1] = fmaf(float(ev[h][1] + od[h][1]), qs8[0], fmaf(float(lv[h][1]), qs8l[0], -mb[0]));
-              s[kt][h][2] = fmaf(float(ev[h][2] + od[h][2]), qs8[NT - 1], fmaf(float(lv[h][2]), qs8l[NT - 1], -mb[NT - 1]));
-              s[kt][h][3] = fmaf(float(ev[h][3] + od[h][3]), qs8[NT - 1], fmaf(float(lv[h][3]), qs8l[NT - 1], -mb[NT - 1]));
+              s[kt][h][0] = fmaf(float((ev[h][0] + od[h][0]) * 254 + lv[h][0]), qs8[0], -mb[0]);
+              s[kt][h][1] = fmaf(float((ev[h][1] + od[h][1]) * 254 + lv[h][1]), qs8[0], -mb[0]);
+              s[kt][h][2] = fmaf(float((ev[h][2] + od[h][2]) * 254 + lv[h][2]), qs8[NT - 1], -mb[NT - 1]);
+              s[kt][h][3] = fmaf(float((ev[h][3] + od[h][3]) * 254 + lv[h][3]), qs8[NT - 1], -mb[NT - 1]);
             }
           }
         } else {
