@@ -644,8 +644,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           // int8 q̃ as two int8s, symmetric per row: hi = rn(q̃/s), lo = rn((q̃ − hi·s)·254/s) with
           // s = max|q̃|/127, so q̃ = s·(hi + lo/254) to 1/508 of a step; a score is then
           // ((hi · key bytes) + (lo · key bytes)/254) · s · s_k, each product exact in int32.
-          // One int8 alone (run 82) cost 20-40x the fp16 path's error; the pair ~1/100 of it
-          // (docs/cuda-kernels.md, "Int8 keys").
+          // With one int8 (and the centroids rounded per call, run 82) the attention error was
+          // 20-40x the fp16 path's in RMS; with the pair and the int8 key grid it is about 1/100
+          // of the fp16 path's in NMSE (docs/cuda-kernels.md, "Int8 keys").
           float mx = 0.0f;
 #pragma unroll
           for (int j = 0; j < kQE; ++j) mx = fmaxf(mx, fabsf(y[j] * qscale));
