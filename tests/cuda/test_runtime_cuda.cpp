@@ -27,13 +27,14 @@
 //                         products inside attention) against the CPU caches; D's attention
 //                         test bounds NMSE by 2e-4 (≈1.4e-2 relative RMS); logits see less.
 //   VecInfer on the device vs on the CPU (statistical tier): both hold the same codes up to
-//                         near-ties of the encoder, and the device reads fp16 copies of the
-//                         codebooks (the default CodebookFormat); with random codebooks
+//                         near-ties of the encoder, and the device reads the codebooks in the
+//                         default CodebookFormat (int8 keys on the cache's int8 key grid,
+//                         scored against a two-int8 query; fp16 values); with random codebooks
 //                         quantization itself moves logits by 60-140% of the row scale, so
 //                         the two may differ by at most 5% of that (kVecInferShareOfVqError)
 //                         and by at most kMaxRelVecInferDevice = 5e-2.
-//                         Measured on an H200: 1.3e-3 .. 2.5e-2 (0.1-1.8% of the VQ effect;
-//                         the largest with Qwen3's q/k norms).
+//                         Measured on an H200 (runs 87-90): 3.8e-4 .. 1.1e-2 (fp16 codebooks,
+//                         run 82: 1.3e-3 .. 2.5e-2; the largest with Qwen3's q/k norms).
 // Greedy tokens must be identical wherever the CPU's top-2 gap exceeds twice the measured
 // logit error (elsewhere the two are a tie at this precision; counted and printed).
 #include <cmath>
