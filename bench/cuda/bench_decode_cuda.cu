@@ -19,6 +19,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -842,7 +843,7 @@ int main(int argc, char** argv) {
     auto cache = KVCacheFactory::create(c);
     auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
     const int L = 131072;
-    cc->reserve(L + 64, 1);
+    cc->reserve(L + 256, 1);
     Tensor kx = Tensor::empty({1, kKV, 8192, kD}, DType::F16, Device::cuda(0));
     grid_fill(static_cast<__half*>(kx.data()), size_t(kx.numel()), 91, 1.0f);
     for (int i = 0; i < L / 8192; ++i) cache->update(kx.view(), kx.view());
@@ -853,25 +854,71 @@ int main(int argc, char** argv) {
     grid_fill(static_cast<__half*>(q.data()), size_t(q.numel()), 1, 1.0f);
     grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 2, 1.0f);
     CK(cudaDeviceSynchronize());
-    cudaGraph_t g;
-    cudaGraphExec_t ge;
     SdpaParams sp;
-    CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
-    cc->decode_step(q.view(), kn.view(), kn.view(), out.view(), sp);
-    CK(cudaStreamEndCapture(st, &g));
-    CK(cudaGraphInstantiate(&ge, g, 0));
-    std::vector<float> t;
-    for (int r = 0; r < 40; ++r) {
-      CK(cudaMemsetAsync(flush, r, flush_bytes, st));
+    // the step captured three ways, each replayed 40 times after an L2 flush: serial (encode,
+    // then attention), overlapped (the encode on a side stream beside attention; default), and
+    // overlapped in a graph instantiated with per-node priorities (attention's launch priority
+    // then holds in the graph too)
+    auto time_step = [&](bool overlap, unsigned long long flags) {
+      const bool prev = cuda::set_overlapped_step(overlap);
+      const long long before = cuda::overlapped_steps();
+      cudaGraph_t g;
+      cudaGraphExec_t ge;
+      CK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal));
+      cc->decode_step(q.view(), kn.view(), kn.view(), out.view(), sp);
+      CK(cudaStreamEndCapture(st, &g));
+      cuda::set_overlapped_step(prev);
+      if ((cuda::overlapped_steps() > before) != overlap) {
+        std::printf("decode step: the %s path was not taken\n", overlap ? "overlapped" : "serial");
+        all_valid = false;
+      }
+      CK(cudaGraphInstantiateWithFlags(&ge, g, flags));
+      std::vector<float> t;
+      for (int r = 0; r < 40; ++r) {
+        CK(cudaMemsetAsync(flush, r, flush_bytes, st));
+        CK(cudaEventRecord(tm.a, st));
+        CK(cudaGraphLaunch(ge, st));
+        CK(cudaEventRecord(tm.b, st));
+        CK(cudaEventSynchronize(tm.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+        if (r >= 3) t.push_back(ms);
+      }
+      cudaGraphExecDestroy(ge);
+      cudaGraphDestroy(g);
+      return median(t) * 1e3;
+    };
+    const double serial_us = time_step(false, 0);
+    step_us = time_step(true, 0);
+    const double prio_us = time_step(true, cudaGraphInstantiateFlagUseNodePriority);
+    // the runtime's path: eager update() of one token, then fused_sdpa_into(), 20 of them
+    // between two events, with the update's encode in throughput mode (update_decode_max 0, as
+    // before run 91) and in latency mode (the default for few token-heads)
+    // (host_us: the host's time to issue one pair, which bounds the eager path from below)
+    double host_us = 0;
+    auto time_eager = [&](int decode_max) {
+      const int prev = cuda::set_update_decode_max(decode_max);
+      CK(cudaStreamSynchronize(st));
+      CK(cudaMemsetAsync(flush, 3, flush_bytes, st));
+      for (int w = 0; w < 2; ++w) cache->update(kn.view(), kn.view()), cache->fused_sdpa_into(q.view(), out.view(), sp);
       CK(cudaEventRecord(tm.a, st));
-      CK(cudaGraphLaunch(ge, st));
+      const auto h0 = std::chrono::steady_clock::now();
+      for (int r = 0; r < 20; ++r) {
+        cache->update(kn.view(), kn.view());
+        cache->fused_sdpa_into(q.view(), out.view(), sp);
+      }
+      host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / 20;
       CK(cudaEventRecord(tm.b, st));
       CK(cudaEventSynchronize(tm.b));
+      cuda::set_update_decode_max(prev);
       float ms;
       CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-      if (r >= 3) t.push_back(ms);
-    }
-    step_us = median(t) * 1e3;
+      return double(ms) * 1e3 / 20;
+    };
+    cc->sync_seq_lens();
+    const double eager_bulk_us = time_eager(0);
+    const double host_bulk_us = host_us;
+    const double eager_lat_us = time_eager(cuda::update_decode_max());
     cc->sync_seq_lens();
     if (auto* acc = dynamic_cast<VecInferAccounting*>(cache.get())) {
       const double ideal = double(acc->compressed_key_bytes() + acc->compressed_value_bytes() +
@@ -881,12 +928,13 @@ int main(int argc, char** argv) {
                   (long long)(acc->fp16_key_bytes() + acc->fp16_value_bytes()), (long long)acc->codebook_bytes(),
                   100.0 * (double(cache->nbytes()) / ideal - 1.0));
     }
-    std::printf("\ndecode step (graph: encode 1 token + attention, d%db%d/d%db%d, %s codebooks, 1 x %d): %.1f us, %lld "
-                "tokens held, overflow=%d\n",
-                sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us, (long long)cache->offset(),
-                int(cc->device_error()));
-    cudaGraphExecDestroy(ge);
-    cudaGraphDestroy(g);
+    std::printf("\ndecode step (graph: encode 1 token + attention, d%db%d/d%db%d, %s codebooks, 1 x %d): %.1f us "
+                "overlapped (%.1f us with node priorities), %.1f us serial (%.2fx); eager update + fused_sdpa: %.1f us "
+                "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
+                "a pair; %lld tokens held, overflow=%d\n",
+                sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us, prio_us, serial_us,
+                serial_us / step_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us, host_us, host_bulk_us,
+                (long long)cache->offset(), int(cc->device_error()));
   }
 
   // ---- summary table -------------------------------------------------------------------------

@@ -130,17 +130,20 @@ const char* g_cluster_query_error = "";  // the last failed occupancy query (dia
 /// The launch configuration of entry e's kernel over `grid`, with the grid's x blocks (a
 /// segment's splits) forming one cluster: for the occupancy query and for the launch.
 struct ClusterLaunch {
-  cudaLaunchAttribute attr{};
+  cudaLaunchAttribute attr[2]{};
   cudaLaunchConfig_t cfg{};
-  ClusterLaunch(const AttnEntry& e, dim3 grid, void* stream) {
-    attr.id = cudaLaunchAttributeClusterDimension;
-    attr.val.clusterDim.x = grid.x, attr.val.clusterDim.y = 1, attr.val.clusterDim.z = 1;
+  /// priority != 0: the launch's block-dispatch priority (see attn_launch)
+  ClusterLaunch(const AttnEntry& e, dim3 grid, void* stream, int priority = 0) {
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = grid.x, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    attr[1].id = cudaLaunchAttributePriority;
+    attr[1].val.priority = priority;
     cfg.gridDim = grid;
     cfg.blockDim = dim3(unsigned(e.threads));
     cfg.dynamicSmemBytes = size_t(e.smem);
     cfg.stream = as_stream(stream);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = priority != 0 ? 2 : 1;
   }
   ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points at this object's attr
   ClusterLaunch& operator=(const ClusterLaunch&) = delete;
@@ -190,12 +193,12 @@ bool use_cluster(const AttnEntry& e, const AttnParams& p) {
 /// variants re-instantiate defaults, may reach another unit's registration of the kernel,
 /// whose shared-memory limit was never raised: "invalid argument".) With clusters, the n_splits
 /// blocks of each segment (grid x) form one cluster.
-void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream) {
+void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0) {
   if (use_cluster(e, p)) {
     AttnParams pc = p;
     pc.cluster_launch = 1;
     void* args[] = {&pc};
-    const ClusterLaunch cl(e, grid, stream);
+    const ClusterLaunch cl(e, grid, stream, priority);
     VQ_CUDA_CHECK(cudaLaunchKernelExC(&cl.cfg, e.kernel, args));
     g_cluster_launches.fetch_add(1);
     return;
@@ -203,6 +206,20 @@ void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stre
   AttnParams pg = p;
   pg.cluster_launch = 0;
   void* args[] = {&pg};
+  if (priority != 0) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributePriority;
+    attr.val.priority = priority;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = dim3(unsigned(e.threads));
+    cfg.dynamicSmemBytes = size_t(e.smem);
+    cfg.stream = as_stream(stream);
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cfg, e.kernel, args));
+    return;
+  }
   VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
 }
 
@@ -241,6 +258,13 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
   const AttnEntry* e = find(k);
   VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
                                                                    << attn_compiled_list() << ")");
+  // cached per (device, kernel): eager calls plan every time, and the query costs host time
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> cache;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (auto it = cache.find({device, e->kernel}); it != cache.end()) return it->second;
+  }
   int prev = 0;
   VQ_CUDA_CHECK(cudaGetDevice(&prev));
   if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(device));
@@ -248,10 +272,13 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
   int n = 0;
   VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, e->kernel, e->threads, e->smem));
   if (prev != device) VQ_CUDA_CHECK(cudaSetDevice(prev));
-  return std::max(n, 1);
+  n = std::max(n, 1);
+  std::lock_guard<std::mutex> lock(mu);
+  cache[{device, e->kernel}] = n;
+  return n;
 }
 
-void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority) {
   const AttnEntry* e = find(k);
   VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
                                                                    << attn_compiled_list()
@@ -286,10 +313,10 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   if (const int shift = g_hint_shift.load(); shift != 0 && p.hint_chunk > 0) {  // test hook
     AttnParams q = p;
     q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
-    launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream);
+    launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
     return;
   }
-  launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream);
+  launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
 }
 
 void attn_set_length_hint(AttnParams& p, int64_t len, int64_t window) {

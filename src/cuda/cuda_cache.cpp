@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -42,6 +43,20 @@
   } while (0)
 
 namespace veloxquant {
+
+namespace cuda {
+namespace {
+std::atomic<bool> g_overlap_allowed{true};
+std::atomic<long long> g_overlapped_steps{0};
+std::atomic<int> g_update_decode_max{256};
+}  // namespace
+bool set_overlapped_step(bool allowed) { return g_overlap_allowed.exchange(allowed); }
+bool overlapped_step_allowed() { return g_overlap_allowed.load(); }
+void note_overlapped_step() { g_overlapped_steps.fetch_add(1); }
+long long overlapped_steps() { return g_overlapped_steps.load(); }
+int set_update_decode_max(int token_heads) { return g_update_decode_max.exchange(token_heads); }
+int update_decode_max() { return g_update_decode_max.load(); }
+}  // namespace cuda
 
 bool cuda_is_available() { return detail::cuda_available(); }
 
@@ -169,7 +184,7 @@ class CudaCacheBase : public CudaKVCache {
     DeviceGuard g(device_.index);
     n_sms_ = sm_count(device_.index);
     err_ = Tensor::zeros({1}, DType::I32, device_);
-    chk_ = Tensor::zeros({1}, DType::I32, device_);
+    chk_ = Tensor::zeros({2}, DType::I32, device_);  // [keys, values] range flags
     done_ = Tensor::zeros({1}, DType::I32, device_);
   }
 
@@ -275,7 +290,7 @@ class CudaCacheBase : public CudaKVCache {
   /// tokens appended on the device since the host lengths (decode step); advance: the last
   /// launch advances the device lengths. plan: use plan_ (no allocation) or plan per call.
   void run_attention(const TensorView& q, const TensorView& out, const SdpaParams& sp, int n_new, bool advance,
-                     bool use_plan) {
+                     bool use_plan, int priority = 0) {
     const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
     const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
     for (int c0 = 0; c0 < Q; c0 += 16) {
@@ -316,7 +331,7 @@ class CudaCacheBase : public CudaKVCache {
       // split's first L2 prefetch before the device lengths arrive (a hint; see AttnParams)
       if (n_new == 0 && !p.win_all && sp.sliding_window <= 0 && !lens_.empty() && uniform() && !capturing())
         cuda::attn_set_length_hint(p, lens_[0], std::min<int64_t>(p.residual_length, rch_.empty() ? 0 : rch_[0]));
-      cuda::attn_launch(pl.key, p, stream_);
+      cuda::attn_launch(pl.key, p, stream_, priority);
     }
   }
 
@@ -368,6 +383,10 @@ class CudaCacheBase : public CudaKVCache {
                    who << ": keys on " << device_name(keys.device) << ", the cache lives on " << device_name(device_));
     VQ_CHECK_SHAPE(values.device == keys.device, who << ": keys and values on different devices");
     const float lim = config_.storage_dtype == DType::F16 ? 65504.0f : 3.3895314e38f;
+    // device inputs: both range checks, then one read-back and one synchronisation (the call
+    // must throw before it changes anything, so it waits for the verdict; one wait, not two)
+    int32_t bad[2] = {0, 0};
+    bool on_device = false;
     for (const TensorView* t : {&keys, &values}) {
       const char* name = t == &keys ? "keys" : "values";
       if (t->device.is_cpu()) {
@@ -378,17 +397,20 @@ class CudaCacheBase : public CudaKVCache {
                                                      << ": must be finite and within +-" << lim << " ("
                                                      << dtype_name(config_.storage_dtype) << " storage)");
       } else {
-        int32_t bad = 0;
-        VQ_CU(cudaMemsetAsync(chk_.data(), 0, 4, cs(stream_)));
+        if (!on_device) VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
+        on_device = true;
         cuda::check_range_launch(dev4(*t), t->shape[0], t->shape[1], t->shape[2], t->shape[3], lim,
-                                 chk_.ptr<int>(), stream_);
-        VQ_CU(cudaMemcpyAsync(&bad, chk_.data(), 4, cudaMemcpyDeviceToHost, cs(stream_)));
-        VQ_CU(cudaStreamSynchronize(cs(stream_)));
-        VQ_CHECK_VALUE(!bad, who << ": " << name << " " << t->shape_string()
-                                 << " hold a non-finite value or one beyond +-" << lim << " ("
-                                 << dtype_name(config_.storage_dtype) << " storage)");
+                                 chk_.ptr<int>() + (t == &keys ? 0 : 1), stream_);
       }
     }
+    if (on_device) {
+      VQ_CU(cudaMemcpyAsync(bad, chk_.data(), 8, cudaMemcpyDeviceToHost, cs(stream_)));
+      VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    }
+    for (const TensorView* t : {&keys, &values})
+      VQ_CHECK_VALUE(!bad[t == &keys ? 0 : 1], who << ": " << (t == &keys ? "keys" : "values") << " "
+                                                   << t->shape_string() << " hold a non-finite value or one beyond +-"
+                                                   << lim << " (" << dtype_name(config_.storage_dtype) << " storage)");
     return keys.shape[2];
   }
 
@@ -713,6 +735,17 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     init_from(proto.key_quantizer(), proto.value_quantizer(), proto.key_transform(), proto.uses_random_codebooks(),
               proto.config());
   }
+  ~CudaVecInferCache() override {
+    // (pending work on the side stream finishes first: cudaStreamDestroy does not wait, the
+    // device releases the stream when its work is done)
+    DeviceGuard g(device_.index);
+    for (cudaEvent_t ev : {ev_join_, ev_join2_, ev_fork_})
+      if (ev) cudaEventDestroy(ev);
+    for (cudaStream_t st : {side_, side2_})
+      if (st) cudaStreamDestroy(st);
+  }
+  CudaVecInferCache(const CudaVecInferCache&) = delete;
+  CudaVecInferCache& operator=(const CudaVecInferCache&) = delete;
 
   std::pair<Tensor, Tensor> update_and_fetch(const TensorView& keys, const TensorView& values) override {
     if (mode_ == CacheMode::MemoryBound)
@@ -731,8 +764,13 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // allocations first
     if (batch_ == 0) first_shape(B, H);
     grow_to(offset() + n);
+    // A few token-heads (decode-time updates): the latency-mode encode, every block of a token
+    // group on one slice of the codebook (the throughput kernel would give each group one warp
+    // that scans the whole codebook, e.g. 4096 centroids for d4b12 keys: see update_decode_max)
+    const bool few = B * H * n <= cuda::update_decode_max();
+    if (few) ensure_step_workspace(int(n));
     // launches
-    launch_append(dev4(sk.view), dev4(sv.view), int(n), false);
+    launch_append(dev4(sk.view), dev4(sv.view), int(n), few);
     cuda::advance_lengths_launch(len_.ptr<int32_t>(), rc_.ptr<int32_t>(), int(B), int(n), config_.residual_length,
                                  stream_);
     for (size_t b = 0; b < lens_.size(); ++b) {
@@ -780,8 +818,38 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
     const int n = plan_.q_len;
-    launch_append(dev4(k), dev4(v), n, true);
-    run_attention(q, out, params, n, true, true);
+    if (overlap_ready(n)) {
+      // Overlapped step: the new tokens' exact rows go into the window first (and the lengths
+      // into a snapshot); attention, which reads them from there and never reads the new
+      // tokens' codes (they are inside the window), then runs beside their encode, which goes
+      // on a side stream forked and joined through events (capturable: the graph gets two
+      // branches). The attention launch gets the highest block-dispatch priority, so the encode
+      // fills the multiprocessors it leaves free.
+      cuda::EncodeParams e = enc_params(dev4(k), dev4(v), n);
+      int32_t* const snap = snap_.ptr<int32_t>();
+      cuda::window_rows_launch(e, snap, snap + batch_, stream_);
+      VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
+      run_attention(q, out, params, n, true, true, prio_hi_);
+      e.k_win = e.v_win = nullptr;  // written above
+      e.seq_len = snap;             // attention advances the lengths while this runs
+      e.res_count = snap + batch_;
+      // keys and values of different sub_dims are two launches: each on its own side stream,
+      // so the side branch is one launch long
+      const bool two = key_pq_.sub_dim != value_pq_.sub_dim;
+      for (int i = 0; i < (two ? 2 : 1); ++i) {
+        cudaStream_t sd = i == 0 ? side_ : side2_;
+        VQ_CU(cudaStreamWaitEvent(sd, ev_fork_, 0));
+        cuda::EncodeParams es = e;
+        es.sides = two ? (i == 0 ? 1 : 2) : 3;
+        cuda::encode_launch(es, true, sd);
+        VQ_CU(cudaEventRecord(i == 0 ? ev_join_ : ev_join2_, sd));
+        VQ_CU(cudaStreamWaitEvent(cs(stream_), i == 0 ? ev_join_ : ev_join2_, 0));
+      }
+      cuda::note_overlapped_step();
+    } else {
+      launch_append(dev4(k), dev4(v), n, true);
+      run_attention(q, out, params, n, true, true);
+    }
     if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them
     for (size_t b = 0; b < lens_.size(); ++b) {
       lens_[b] += n;
@@ -997,7 +1065,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     int64_t n = nbytes_common() + codebook_bytes();
     // + the encoder's candidate grids (~124 KB per sub_dim-4 codebook of <= 256 centroids, fixed:
     // overhead, not payload)
-    for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_})
+    for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_,
+                            &dec_best_, &dec_code_, &dec_count_, &snap_})
       if (t->defined()) n += t->nbytes();
     return n + k_grid_.nbytes() + v_grid_.nbytes();
   }
@@ -1312,7 +1381,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   void ensure_step_workspace(int q_len) override {
-    const int64_t jobs = batch_ * n_kv_heads_ * q_len;  // token groups per side, at most
+    // token groups per side, at most (the workspace only grows: update() sizes it for its
+    // own token count, and a planned step's count must stay covered)
+    const int64_t jobs = std::max<int64_t>(batch_ * n_kv_heads_ * q_len, dec_jobs_);
     const int64_t n = 2 * jobs * cuda::kEncDecSlices * 32 * std::max<int64_t>(1, config_.head_dim / 128);
     if (!dec_best_.defined() || dec_best_.numel() < n) {
       dec_best_ = Tensor::empty({n}, DType::F32, device_);
@@ -1320,6 +1391,29 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     }
     if (!dec_count_.defined() || dec_count_.numel() < 2 * jobs) dec_count_ = Tensor::zeros({2 * jobs}, DType::I32, device_);
     dec_jobs_ = jobs;
+    // the overlapped decode step's lengths snapshot, side stream and events (plan time: a
+    // captured step must not create them)
+    if (mode_ == CacheMode::MemoryBound && config_.residual_length >= q_len) {
+      if (!snap_.defined() || snap_.numel() < 2 * batch_) snap_ = Tensor::zeros({2 * batch_}, DType::I32, device_);
+      if (!side_) {
+        int least = 0, greatest = 0;
+        VQ_CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+        prio_hi_ = greatest;
+        VQ_CU(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+        VQ_CU(cudaStreamCreateWithPriority(&side2_, cudaStreamNonBlocking, least));
+        VQ_CU(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+        VQ_CU(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+        VQ_CU(cudaEventCreateWithFlags(&ev_join2_, cudaEventDisableTiming));
+      }
+    }
+  }
+
+  /// Whether a decode step of n tokens can overlap its encode with attention: a MemoryBound
+  /// window that holds the step's tokens (attention then reads none of their codes), planned
+  /// (snapshot, side stream), and the process-wide switch on.
+  bool overlap_ready(int n) const {
+    return cuda::overlapped_step_allowed() && mode_ == CacheMode::MemoryBound && config_.residual_length >= n &&
+           n >= 1 && side_ && snap_.defined() && snap_.numel() >= 2 * batch_;
   }
 
   /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).
@@ -1424,6 +1518,14 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   // decode-mode encode workspace (EncodeParams::dec_*), sized by plan_decode
   Tensor dec_best_, dec_code_, dec_count_;
   int64_t dec_jobs_ = 0;
+  // the overlapped decode step (plan_decode): lengths snapshot I32 [2·batch], the encode's side
+  // streams (non-blocking; the second for values of another sub_dim), the fork/join events,
+  // attention's launch priority. Not swapped by swap_state: they belong to this object, not to
+  // its contents.
+  Tensor snap_;
+  cudaStream_t side_ = nullptr, side2_ = nullptr;
+  cudaEvent_t ev_fork_ = nullptr, ev_join_ = nullptr, ev_join2_ = nullptr;
+  int prio_hi_ = 0;
   std::unique_ptr<CacheState> staged_;
 };
 

@@ -239,9 +239,10 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   const int bslice = CS > 1 ? int(blockIdx.x % NBL) : 0;
   if (bslice >= NB) return;
   const int per_blk = nC / NB, c_blk0 = bslice * per_blk;
-  float* const s_cb = reinterpret_cast<float*>(smem);                  // [nC][SD] (throughput mode)
-  float* const s_nrm = s_cb + nC * SD;                                  // [nC]
-  float* const s_x = s_nrm + nC;                                        // [warps][TPJ][D]
+  // (sized by the staged range: the whole codebook, or a sliced decode-mode block's slice)
+  float* const s_cb = reinterpret_cast<float*>(smem);                  // [per_blk][SD]
+  float* const s_nrm = s_cb + per_blk * SD;                             // [per_blk]
+  float* const s_x = s_nrm + per_blk;                                   // [warps][TPJ][D]
   uint32_t* const s_code = reinterpret_cast<uint32_t*>(s_x + kEncWarps * TPJ * D);  // [warps][TPJ·kNSub]
   float* const s_best = reinterpret_cast<float*>(s_code + kEncWarps * TPJ * kNSub); // [warps][32·SPL]
   int* const s_bcode = reinterpret_cast<int*>(s_best + kEncWarps * 32 * SPL);       // [warps][32·SPL]
@@ -957,6 +958,43 @@ __global__ void check_range_kernel(DevTensor4 t, int64_t d1, int64_t d2, int64_t
   }
 }
 
+// The overlapped decode step's first launch (window_rows_launch): every new token-head's exact
+// row into the window, as the encode kernel writes it (same slot rule, same rounding), and the
+// lengths copied for the step's encode, which runs beside the attention that advances them.
+__global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc) {
+  const int D = p.head_dim;
+  if (blockIdx.x == 0)
+    for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+      snap_len[b] = p.seq_len[b];
+      snap_rc[b] = p.res_count ? p.res_count[b] : 0;
+    }
+  const int64_t per_side = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;
+  for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < 2 * per_side;
+       idx += int64_t(gridDim.x) * blockDim.x) {
+    const bool keys = idx < per_side;
+    const int64_t j = keys ? idx : idx - per_side;
+    const int d = int(j % D);
+    const int64_t r = j / D;
+    const int i = int(r % p.n_new);
+    const int64_t bh = r / p.n_new;
+    const int b = int(bh / p.n_kv_heads), h = int(bh % p.n_kv_heads);
+    void* const win = keys ? p.k_win : p.v_win;
+    if (!win) continue;
+    // the input element first: its load and the lengths' are in flight together
+    const DevTensor4& src = keys ? p.k : p.v;
+    const float v = load_f(src.data, src.dtype, b * src.stride[0] + h * src.stride[1] + i * src.stride[2] + d * src.stride[3]);
+    const int L0 = p.seq_len[b], pos = L0 + i;
+    const int rcn = min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
+    if (pos < L0 + p.n_new - rcn) continue;  // not in the window (the caller's plan excludes this)
+    const int64_t slot = p.win_ring ? pos % p.win_cap : pos;
+    if (slot >= p.win_cap) {
+      if (d == 0 && p.error_flag) atomicExch(p.error_flag, 1);
+      continue;
+    }
+    static_cast<uint16_t*>(win)[(bh * p.win_cap + slot) * D + d] = f_to_store16(v, p.win_bf16);
+  }
+}
+
 __global__ void advance_kernel(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R) {
   for (int b = threadIdx.x; b < batch; b += blockDim.x) {
     seq_len[b] += n_new;
@@ -976,7 +1014,29 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;
   const int nmax = 1 << (p.k_sub == SD && p.v_sub == SD ? (p.k_bits > p.v_bits ? p.k_bits : p.v_bits)
                                                         : (p.k_sub == SD ? p.k_bits : p.v_bits));
-  const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * D * 4 +
+  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
+  const int64_t jobs = (n_th + TPJ - 1) / TPJ;
+  EncodeParams q = p;
+  if (CS > 1) {  // decode mode: dec_slices blocks per token group where a workspace is given
+    if (!(q.dec_ws_best && q.dec_ws_code && q.dec_ws_count) || q.dec_slices < 1) q.dec_slices = 1;
+    // no more blocks than the launch's largest codebook can use (>= 64 centroids per warp):
+    // 256-entry codebooks keep one block per group (run 37: empty blocks cost ~1.5 us)
+    q.dec_slices = std::max(1, std::min(q.dec_slices, nmax / (CS * 64)));
+  }
+  // the centroids one block stages: a sliced decode-mode block holds its slice only (the
+  // kernel's NB rule, per side of this sub_dim), so 4096-entry codebooks take 10 KB, not 80,
+  // and blocks pack onto whatever multiprocessors attention leaves free (overlapped steps)
+  int staged = nmax;
+  if (CS > 1 && q.dec_slices > 1 && jobs <= q.dec_ws_jobs) {
+    staged = 0;
+    for (const bool keys : {true, false})
+      if ((keys ? p.k_sub : p.v_sub) == SD && (p.sides & (keys ? 1 : 2))) {
+        const int nc = 1 << (keys ? p.k_bits : p.v_bits);
+        staged = std::max(staged, nc / std::max(1, std::min(q.dec_slices, nc / (CS * 64))));
+      }
+    staged = std::max(staged, 1);
+  }
+  const size_t smem = size_t(staged) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * D * 4 +
                       size_t(kEncWarps) * TPJ * kNSub * 4 + size_t(kEncWarps) * 32 * SPL * 8;
   auto kern = vq_encode_kernel<D, SD, SPL, CS>;
   static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
@@ -986,22 +1046,12 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
     VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     smem_set[dev & 15] = smem;
   }
-  const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
-  const int64_t jobs = (n_th + TPJ - 1) / TPJ;
   int blocks;
   if (CS == 1) {
     int per_sm = 1;
     VQ_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kern, 256, smem));
     blocks = int(std::min<int64_t>((jobs + kEncWarps - 1) / kEncWarps, int64_t(device_sms()) * std::max(per_sm, 1)));
-  } else {
-    blocks = int(std::min<int64_t>(jobs, 65535));
-  }
-  EncodeParams q = p;
-  if (CS > 1) {  // decode mode: dec_slices blocks per token group where a workspace is given
-    if (!(q.dec_ws_best && q.dec_ws_code && q.dec_ws_count) || q.dec_slices < 1) q.dec_slices = 1;
-    // no more blocks than the launch's largest codebook can use (>= 64 centroids per warp):
-    // 256-entry codebooks keep one block per group (run 37: empty blocks cost ~1.5 us)
-    q.dec_slices = std::max(1, std::min(q.dec_slices, nmax / (CS * 64)));
+  } else {  // decode mode: dec_slices blocks per token group (the grid loops over further groups)
     blocks = int(std::min<int64_t>(jobs, 65535 / q.dec_slices)) * q.dec_slices;
   }
   dim3 grid(std::max(blocks, 1), 2);  // y: keys, values (a block whose side has another sub_dim exits)
@@ -1059,7 +1109,9 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
 template <int D>
 void encode_d(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   // keys and values may differ in sub_dim: each instantiation serves the side(s) it matches
-  const bool has4 = p.k_sub == 4 || p.v_sub == 4, has8 = p.k_sub == 8 || p.v_sub == 8;
+  // (of those asked for: a launch for one side only skips the other side's sub_dim)
+  const bool k = p.sides & 1, v = p.sides & 2;
+  const bool has4 = (k && p.k_sub == 4) || (v && p.v_sub == 4), has8 = (k && p.k_sub == 8) || (v && p.v_sub == 8);
   if (has4) encode_sub<D, 4>(p, decode_mode, s);
   if (has8) encode_sub<D, 8>(p, decode_mode, s);
 }
@@ -1145,6 +1197,16 @@ void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2,
   if (total == 0) return;
   const int blocks = int(std::min<int64_t>((total + 255) / 256, 4096));
   check_range_kernel<<<blocks, 256, 0, as_stream(stream)>>>(t, d1, d2, d3, total, limit, flag);
+  VQ_CUDA_CHECK(cudaGetLastError());
+}
+
+void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream) {
+  check_encode_geometry(p);
+  VQ_CHECK_VALUE(p.seq_len && snap_len && snap_rc, "CUDA window rows: lengths and their snapshot are required");
+  if (p.batch == 0 || p.n_kv_heads == 0) return;
+  const int64_t total = 2 * int64_t(p.batch) * p.n_kv_heads * p.n_new * p.head_dim;
+  const int blocks = int(std::clamp<int64_t>((total + 255) / 256, 1, 1024));
+  window_rows_kernel<<<blocks, 256, 0, as_stream(stream)>>>(p, snap_len, snap_rc);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 

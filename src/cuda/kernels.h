@@ -130,8 +130,10 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// configuration this build does not hold, CudaError on a launch failure. A split launch
 /// (2..16 splits) on an sm_90+ device runs as one thread-block cluster per segment when every
 /// segment's cluster can be resident at once (attn_would_cluster); otherwise the splits merge
-/// through the workspace.
-void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
+/// through the workspace. priority != 0 gives the launch that block-dispatch priority (lower
+/// numbers first, as cudaDeviceGetStreamPriorityRange; a captured launch keeps it as its node's
+/// priority, which a graph uses when instantiated with cudaGraphInstantiateFlagUseNodePriority).
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority = 0);
 /// Clusters of `splits` blocks of the configuration's kernel resident at once on the current
 /// device (0 where clusters cannot run; *error, if given, gets the last failed query's message).
 int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error = nullptr);
@@ -275,5 +277,24 @@ void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2,
 
 /// len[b] += n_new; rc[b] = min(R, rc[b] + n_new) (rc may be null).
 void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream);
+/// Overlapped decode steps (CudaVecInferCache::decode_step, MemoryBound with a window of at least
+/// q_len tokens): the new tokens' encode runs on a side stream beside attention. Process-wide
+/// switch (default on; off: the serial step, encode then attention) for A/B benchmarks and tests;
+/// returns the previous setting. overlapped_steps() counts the steps issued that way.
+bool set_overlapped_step(bool allowed);
+bool overlapped_step_allowed();
+void note_overlapped_step();
+long long overlapped_steps();
+/// update() of at most this many token-heads (batch·n_kv_heads·n) encodes in latency mode
+/// (encode_launch's decode_mode, codebook slices over several blocks), larger ones in
+/// throughput mode. Default 256; returns the previous value (A/B benchmarks, tests).
+int set_update_decode_max(int token_heads);
+int update_decode_max();
+/// The first launch of an overlapped decode step (MemoryBound caches whose window holds the
+/// step's tokens): writes the new tokens' exact rows into the window (p.k_win / p.v_win, as the
+/// encode kernel would) and copies the lengths (p.seq_len, p.res_count) into snap_len and
+/// snap_rc [batch], so that the step's encode, run beside the attention that advances the
+/// lengths, reads the lengths as they were before the step.
+void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream);
 
 }  // namespace veloxquant::cuda

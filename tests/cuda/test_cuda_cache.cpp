@@ -592,6 +592,7 @@ struct GraphDecodeRig {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   long long captured_clusters = 0;  ///< cluster launches recorded by the capture
+  long long captured_overlaps = 0;  ///< overlapped steps (encode beside attention) captured
 
   void init(const KVCacheConfig& c, int batch, int groups, int prefix, int n_steps, std::mt19937_64& rng) {
     B = batch, H = c.n_kv_heads, G = groups, D = c.head_dim, P = prefix, steps = n_steps;
@@ -611,12 +612,13 @@ struct GraphDecodeRig {
     dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
     dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
     dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
-    const long long before = cuda::attn_cluster_launches();
+    const long long before = cuda::attn_cluster_launches(), before_ov = cuda::overlapped_steps();
     ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
     gpu->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), p);
     ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
     ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
     captured_clusters = cuda::attn_cluster_launches() - before;
+    captured_overlaps = cuda::overlapped_steps() - before_ov;
     EXPECT_EQ(gpu->offset(), P) << "capturing must not advance the host lengths";
   }
 
@@ -799,6 +801,8 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
       GraphDecodeRig rig;
       rig.init(c, 2, 4, 300, 40, rng);
       if (HasFatalFailure()) return;
+      // MemoryBound with a window: the captured step holds the encode as a branch beside attention
+      EXPECT_EQ(rig.captured_overlaps, mode == CacheMode::MemoryBound ? 1 : 0);
       double worst = 0;
       rig.replay(rng, &worst);
       if (HasFatalFailure()) return;
@@ -923,6 +927,115 @@ TEST(CudaCache, StandardFetchMatchesTheCpuCache) {
     std::printf("[cuda standard] %s: %lld of %lld fetched elements differ\n", s.str().c_str(), (long long)mism,
                 (long long)total);
   }
+}
+
+
+/// Every tensor of two caches' states byte for byte (lengths must be uniform).
+void expect_same_state(KVCache& a, KVCache& b, const std::string& what) {
+  const CacheState sa = a.state(), sb = b.state();
+  ASSERT_EQ(sa.size(), sb.size()) << what;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sb[i].first) << what;
+    const Tensor x = to_host(sa[i].second), y = to_host(sb[i].second);
+    ASSERT_EQ(x.sizes(), y.sizes()) << what << ": " << sa[i].first;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << what << ": " << sa[i].first << " differs";
+  }
+}
+
+/// update() of a few token-heads encodes in latency mode (the codebook split over the warps of
+/// several blocks per token group); the throughput mode (set_update_decode_max(0)) must leave
+/// the same bytes everywhere, through eviction (Standard) and the window ring (MemoryBound).
+TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(61);
+  ASSERT_GE(cuda::update_decode_max(), 64) << "the default should send decode-sized updates to the latency mode";
+  for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}, Spec{8, 12, 8, 12}})
+    for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Standard}) {
+      if (!compiled(s, 128)) continue;  // (the cache needs its attention kernel: d8b12 in VQ_CUDA_ALL_CONFIGS builds)
+      const std::string what = s.str() + " " + cache_mode_name(mode);
+      KVCacheConfig c = vq_config(s, mode, 128, 16, 2, rng);
+      auto lat = make_cuda(c), thr = make_cuda(c);
+      // B·H = 4 token-heads per token: 160, 4, 12, 4, 64 token-heads, all in latency mode
+      for (int64_t n : {int64_t(40), int64_t(1), int64_t(3), int64_t(1), int64_t(16)}) {
+        Tensor k = random_tensor({2, 2, n, 128}, DType::F32, rng, 2.0f), v = random_tensor({2, 2, n, 128}, DType::F16, rng);
+        const Tensor dk = to_device(k), dv = to_device(v);
+        lat->update(dk.view(), dv.view());
+        const int prev = cuda::set_update_decode_max(0);
+        thr->update(dk.view(), dv.view());
+        cuda::set_update_decode_max(prev);
+      }
+      expect_same_state(*lat, *thr, what);
+      EXPECT_FALSE(as_cuda(lat.get())->device_error()) << what;
+      std::printf("[cuda update modes] %s: latency- and throughput-mode updates leave equal states\n", what.c_str());
+    }
+}
+
+/// Overlapped decode steps (the new tokens' rows written first, their encode on a side stream
+/// beside attention) against serial ones (encode, then attention) on twin caches: the same
+/// outputs and, after the steps, the same bytes in every state tensor. q_len 1 and 4 (causal),
+/// fp16 and f32 step tensors; a window shorter than q_len takes the serial path.
+TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(67);
+  const int B = 2, H = 2, G = 4, D = 128, P = 70, steps = 6;
+  for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
+    for (int q_len : {1, 4})
+      for (DType dt : {DType::F16, DType::F32}) {
+        const std::string what = s.str() + " q_len " + std::to_string(q_len) + " " + dtype_name(dt);
+        KVCacheConfig c = vq_config(s, CacheMode::MemoryBound, D, 8, H, rng);
+        auto a_owner = make_cuda(c), b_owner = make_cuda(c);
+        CudaKVCache *a = as_cuda(a_owner.get()), *b = as_cuda(b_owner.get());
+        const Tensor k = to_device(random_tensor({B, H, P, D}, DType::F32, rng));
+        const Tensor v = to_device(random_tensor({B, H, P, D}, DType::F32, rng));
+        for (CudaKVCache* x : {a, b}) {
+          x->update(k.view(), v.view());
+          x->reserve(P + steps * q_len);
+          x->plan_decode(H * G, q_len, P);
+        }
+        SdpaParams p;
+        p.causal = q_len > 1;
+        double worst = 0;
+        for (int st = 0; st < steps; ++st) {
+          const Tensor dq = to_device(random_tensor({B, H * G, q_len, D}, dt, rng));
+          const Tensor dk = to_device(random_tensor({B, H, q_len, D}, dt, rng));
+          const Tensor dv = to_device(random_tensor({B, H, q_len, D}, dt, rng));
+          Tensor oa = Tensor::empty(dq.sizes(), dt, Device::cuda(0)), ob = Tensor::empty(dq.sizes(), dt, Device::cuda(0));
+          const long long n0 = cuda::overlapped_steps();
+          a->decode_step(dq.view(), dk.view(), dv.view(), oa.view(), p);
+          EXPECT_EQ(cuda::overlapped_steps(), n0 + 1) << what << ": the overlapped path was not taken";
+          const bool prev = cuda::set_overlapped_step(false);
+          b->decode_step(dq.view(), dk.view(), dv.view(), ob.view(), p);
+          cuda::set_overlapped_step(prev);
+          EXPECT_EQ(cuda::overlapped_steps(), n0 + 1) << what << ": the switch did not hold";
+          const double e = nmse(floats(oa), floats(ob));
+          EXPECT_LE(e, 1e-12) << what << " step " << st;
+          worst = std::max(worst, e);
+        }
+        a->sync_seq_lens();
+        b->sync_seq_lens();
+        EXPECT_EQ(a->offset(), P + steps * q_len) << what;
+        expect_same_state(*a, *b, what);
+        EXPECT_FALSE(a->device_error()) << what;
+        std::printf("[cuda overlapped step] %s: %d steps, outputs within NMSE %.3g of the serial steps, equal states\n",
+                    what.c_str(), steps, worst);
+      }
+  // a window of 2 tokens cannot hold a 4-token step: its codes are read by this step's attention
+  KVCacheConfig c = vq_config(Spec{4, 8, 4, 8}, CacheMode::MemoryBound, D, 2, H, rng);
+  auto owner = make_cuda(c);
+  CudaKVCache* x = as_cuda(owner.get());
+  x->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
+            to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
+  x->reserve(P + 4);
+  x->plan_decode(H * G, 4, P);
+  const Tensor dq = to_device(random_tensor({B, H * G, 4, D}, DType::F16, rng));
+  const Tensor dk = to_device(random_tensor({B, H, 4, D}, DType::F16, rng));
+  Tensor o = Tensor::empty(dq.sizes(), DType::F16, Device::cuda(0));
+  const long long n0 = cuda::overlapped_steps();
+  SdpaParams p;
+  p.causal = true;
+  x->decode_step(dq.view(), dk.view(), dk.view(), o.view(), p);
+  EXPECT_EQ(cuda::overlapped_steps(), n0) << "a window shorter than the step must take the serial path";
+  x->synchronize();
 }
 
 }  // namespace
