@@ -843,7 +843,7 @@ int main(int argc, char** argv) {
     auto cache = KVCacheFactory::create(c);
     auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
     const int L = 131072;
-    cc->reserve(L + 256, 1);
+    cc->reserve(L + 320, 1);
     Tensor kx = Tensor::empty({1, kKV, 8192, kD}, DType::F16, Device::cuda(0));
     grid_fill(static_cast<__half*>(kx.data()), size_t(kx.numel()), 91, 1.0f);
     for (int i = 0; i < L / 8192; ++i) cache->update(kx.view(), kx.view());
@@ -861,6 +861,7 @@ int main(int argc, char** argv) {
     // then holds in the graph too)
     auto time_step = [&](bool overlap, unsigned long long flags) {
       const bool prev = cuda::set_overlapped_step(overlap);
+      const bool prev_two = cuda::set_overlap_two_launches(true);  // (the defaults: measured either way)
       const long long before = cuda::overlapped_steps();
       cudaGraph_t g;
       cudaGraphExec_t ge;
@@ -868,6 +869,7 @@ int main(int argc, char** argv) {
       cc->decode_step(q.view(), kn.view(), kn.view(), out.view(), sp);
       CK(cudaStreamEndCapture(st, &g));
       cuda::set_overlapped_step(prev);
+      cuda::set_overlap_two_launches(prev_two);
       if ((cuda::overlapped_steps() > before) != overlap) {
         std::printf("decode step: the %s path was not taken\n", overlap ? "overlapped" : "serial");
         all_valid = false;
@@ -891,6 +893,11 @@ int main(int argc, char** argv) {
     const double serial_us = time_step(false, 0);
     step_us = time_step(true, 0);
     const double prio_us = time_step(true, cudaGraphInstantiateFlagUseNodePriority);
+    // (diagnosis: a split attention launch runs as clusters, whose blocks must be co-resident:
+    // the same two steps with the workspace merge instead)
+    const bool clusters_prev = cuda::attn_set_cluster_merge(false);
+    const double serial_nc_us = time_step(false, 0), overlap_nc_us = time_step(true, 0);
+    cuda::attn_set_cluster_merge(clusters_prev);
     // the runtime's path: eager update() of one token, then fused_sdpa_into(), 20 of them
     // between two events, with the update's encode in throughput mode (update_decode_max 0, as
     // before run 91) and in latency mode (the default for few token-heads)
@@ -929,11 +936,14 @@ int main(int argc, char** argv) {
                   100.0 * (double(cache->nbytes()) / ideal - 1.0));
     }
     std::printf("\ndecode step (graph: encode 1 token + attention, d%db%d/d%db%d, %s codebooks, 1 x %d): %.1f us "
-                "overlapped (%.1f us with node priorities), %.1f us serial (%.2fx); eager update + fused_sdpa: %.1f us "
+                "overlapped%s (%.1f us with node priorities), %.1f us serial (%.2fx); without clusters %.1f us overlapped, "
+                "%.1f us serial; eager update + fused_sdpa: %.1f us "
                 "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
                 "a pair; %lld tokens held, overflow=%d\n",
-                sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us, prio_us, serial_us,
-                serial_us / step_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us, host_us, host_bulk_us,
+                sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us,
+                sc.s.ks == sc.s.vs || cuda::overlap_two_launches() ? "" : " [two launches: not the default path]",
+                prio_us, serial_us,
+                serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us, host_us, host_bulk_us,
                 (long long)cache->offset(), int(cc->device_error()));
   }
 

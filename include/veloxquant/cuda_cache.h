@@ -21,6 +21,16 @@
 // (no allocation, no host synchronisation, lengths read and advanced on the device), so it can
 // be captured in a CUDA graph and replayed: call reserve() and plan_decode() first (they
 // allocate), then capture. After replays, sync_seq_lens() refreshes the host mirror.
+//
+// Overlapped steps. In MemoryBound mode with residual_length >= q_len (the step's tokens land in
+// the exact window, so this step's attention reads none of their codes), decode_step writes the
+// new window rows first and then runs the tokens' encode on the cache's own side streams
+// (non-blocking, forked from and joined back into config.stream through events) beside the
+// attention launch: a captured step is a graph with two branches that ends joined. Attention
+// is launched at the device's highest block-dispatch priority; a graph keeps that as its node's
+// priority, which CUDA applies when the graph is instantiated with
+// cudaGraphInstantiateFlagUseNodePriority. Other modes, and shorter windows, run the encode
+// first and attention after it.
 #pragma once
 
 #include <cstdint>

@@ -49,6 +49,7 @@ namespace {
 std::atomic<bool> g_overlap_allowed{true};
 std::atomic<long long> g_overlapped_steps{0};
 std::atomic<int> g_update_decode_max{256};
+std::atomic<bool> g_overlap_two{true};
 }  // namespace
 bool set_overlapped_step(bool allowed) { return g_overlap_allowed.exchange(allowed); }
 bool overlapped_step_allowed() { return g_overlap_allowed.load(); }
@@ -56,6 +57,8 @@ void note_overlapped_step() { g_overlapped_steps.fetch_add(1); }
 long long overlapped_steps() { return g_overlapped_steps.load(); }
 int set_update_decode_max(int token_heads) { return g_update_decode_max.exchange(token_heads); }
 int update_decode_max() { return g_update_decode_max.load(); }
+bool set_overlap_two_launches(bool allowed) { return g_overlap_two.exchange(allowed); }
+bool overlap_two_launches() { return g_overlap_two.load(); }
 }  // namespace cuda
 
 bool cuda_is_available() { return detail::cuda_available(); }
@@ -1410,10 +1413,13 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
 
   /// Whether a decode step of n tokens can overlap its encode with attention: a MemoryBound
   /// window that holds the step's tokens (attention then reads none of their codes), planned
-  /// (snapshot, side stream), and the process-wide switch on.
+  /// (snapshot, side streams), the process-wide switch on, and, for keys and values of two
+  /// sub_dims (two encode launches, one per side stream), cuda::overlap_two_launches() (default
+  /// on: run 94).
   bool overlap_ready(int n) const {
     return cuda::overlapped_step_allowed() && mode_ == CacheMode::MemoryBound && config_.residual_length >= n &&
-           n >= 1 && side_ && snap_.defined() && snap_.numel() >= 2 * batch_;
+           n >= 1 && side_ && snap_.defined() && snap_.numel() >= 2 * batch_ &&
+           (key_pq_.sub_dim == value_pq_.sub_dim || cuda::overlap_two_launches());
   }
 
   /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).

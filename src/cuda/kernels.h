@@ -283,6 +283,11 @@ void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int
 /// returns the previous setting. overlapped_steps() counts the steps issued that way.
 bool set_overlapped_step(bool allowed);
 bool overlapped_step_allowed();
+/// Whether steps whose keys and values differ in sub_dim (two encode launches, one per side
+/// stream; the defaults d4b12/d8b8) overlap too. Default on since run 95 (run 94: 61.6 vs 68.9 us
+/// at 1x131072; with one side stream, runs 91-93, they had gained nothing); off for A/B runs.
+bool set_overlap_two_launches(bool allowed);
+bool overlap_two_launches();
 void note_overlapped_step();
 long long overlapped_steps();
 /// update() of at most this many token-heads (batch·n_kv_heads·n) encodes in latency mode

@@ -802,7 +802,9 @@ TEST(CudaDecode, GraphCapturedStepsMatchTheCpuCache) {
       rig.init(c, 2, 4, 300, 40, rng);
       if (HasFatalFailure()) return;
       // MemoryBound with a window: the captured step holds the encode as a branch beside attention
-      EXPECT_EQ(rig.captured_overlaps, mode == CacheMode::MemoryBound ? 1 : 0);
+      // (keys and values of two sub_dims only where two overlapped launches are allowed)
+      const bool overlapped = mode == CacheMode::MemoryBound && (s.ks == s.vs || cuda::overlap_two_launches());
+      EXPECT_EQ(rig.captured_overlaps, overlapped ? 1 : 0);
       double worst = 0;
       rig.replay(rng, &worst);
       if (HasFatalFailure()) return;
@@ -973,10 +975,15 @@ TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
 /// Overlapped decode steps (the new tokens' rows written first, their encode on a side stream
 /// beside attention) against serial ones (encode, then attention) on twin caches: the same
 /// outputs and, after the steps, the same bytes in every state tensor. q_len 1 and 4 (causal),
-/// fp16 and f32 step tensors; a window shorter than q_len takes the serial path.
+/// fp16 and f32 step tensors, with two encode launches (d4 keys, d8 values) allowed to overlap;
+/// a window shorter than q_len, and two launches where they are not allowed, take the serial path.
 TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(67);
+  struct TwoLaunches {
+    bool prev = cuda::set_overlap_two_launches(true);
+    ~TwoLaunches() { cuda::set_overlap_two_launches(prev); }
+  } two_launches;
   const int B = 2, H = 2, G = 4, D = 128, P = 70, steps = 6;
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
     for (int q_len : {1, 4})
@@ -1036,6 +1043,21 @@ TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
   x->decode_step(dq.view(), dk.view(), dk.view(), o.view(), p);
   EXPECT_EQ(cuda::overlapped_steps(), n0) << "a window shorter than the step must take the serial path";
   x->synchronize();
+  // two encode launches (d4 keys, d8 values) where they may not overlap
+  cuda::set_overlap_two_launches(false);
+  KVCacheConfig c2 = vq_config(Spec{4, 12, 8, 8}, CacheMode::MemoryBound, D, 8, H, rng);
+  auto owner2 = make_cuda(c2);
+  CudaKVCache* y = as_cuda(owner2.get());
+  y->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
+            to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
+  y->reserve(P + 1);
+  y->plan_decode(H * G, 1, P);
+  const Tensor dq1 = to_device(random_tensor({B, H * G, 1, D}, DType::F16, rng));
+  const Tensor dk1 = to_device(random_tensor({B, H, 1, D}, DType::F16, rng));
+  Tensor o1 = Tensor::empty(dq1.sizes(), DType::F16, Device::cuda(0));
+  y->decode_step(dq1.view(), dk1.view(), dk1.view(), o1.view(), SdpaParams{});
+  EXPECT_EQ(cuda::overlapped_steps(), n0) << "two encode launches overlapped although not allowed";
+  y->synchronize();
 }
 
 }  // namespace
