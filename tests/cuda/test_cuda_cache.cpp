@@ -1026,38 +1026,32 @@ TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
         std::printf("[cuda overlapped step] %s: %d steps, outputs within NMSE %.3g of the serial steps, equal states\n",
                     what.c_str(), steps, worst);
       }
+  // One causal step of q_len fresh fp16 tokens on a new cache of config c after a P-token
+  // prefix; returns how many overlapped steps it issued.
+  auto one_step = [&](const KVCacheConfig& c, int q_len) -> long long {
+    auto owner = make_cuda(c);
+    CudaKVCache* x = as_cuda(owner.get());
+    x->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
+              to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
+    x->reserve(P + q_len);
+    x->plan_decode(H * G, q_len, P);
+    const Tensor dq = to_device(random_tensor({B, H * G, q_len, D}, DType::F16, rng));
+    const Tensor dk = to_device(random_tensor({B, H, q_len, D}, DType::F16, rng));
+    Tensor o = Tensor::empty(dq.sizes(), DType::F16, Device::cuda(0));
+    SdpaParams p;
+    p.causal = true;
+    const long long n0 = cuda::overlapped_steps();
+    x->decode_step(dq.view(), dk.view(), dk.view(), o.view(), p);
+    x->synchronize();
+    return cuda::overlapped_steps() - n0;
+  };
   // a window of 2 tokens cannot hold a 4-token step: its codes are read by this step's attention
-  KVCacheConfig c = vq_config(Spec{4, 8, 4, 8}, CacheMode::MemoryBound, D, 2, H, rng);
-  auto owner = make_cuda(c);
-  CudaKVCache* x = as_cuda(owner.get());
-  x->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
-            to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
-  x->reserve(P + 4);
-  x->plan_decode(H * G, 4, P);
-  const Tensor dq = to_device(random_tensor({B, H * G, 4, D}, DType::F16, rng));
-  const Tensor dk = to_device(random_tensor({B, H, 4, D}, DType::F16, rng));
-  Tensor o = Tensor::empty(dq.sizes(), DType::F16, Device::cuda(0));
-  const long long n0 = cuda::overlapped_steps();
-  SdpaParams p;
-  p.causal = true;
-  x->decode_step(dq.view(), dk.view(), dk.view(), o.view(), p);
-  EXPECT_EQ(cuda::overlapped_steps(), n0) << "a window shorter than the step must take the serial path";
-  x->synchronize();
+  EXPECT_EQ(one_step(vq_config(Spec{4, 8, 4, 8}, CacheMode::MemoryBound, D, 2, H, rng), 4), 0)
+      << "a window shorter than the step must take the serial path";
   // two encode launches (d4 keys, d8 values) where they may not overlap
   cuda::set_overlap_two_launches(false);
-  KVCacheConfig c2 = vq_config(Spec{4, 12, 8, 8}, CacheMode::MemoryBound, D, 8, H, rng);
-  auto owner2 = make_cuda(c2);
-  CudaKVCache* y = as_cuda(owner2.get());
-  y->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
-            to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
-  y->reserve(P + 1);
-  y->plan_decode(H * G, 1, P);
-  const Tensor dq1 = to_device(random_tensor({B, H * G, 1, D}, DType::F16, rng));
-  const Tensor dk1 = to_device(random_tensor({B, H, 1, D}, DType::F16, rng));
-  Tensor o1 = Tensor::empty(dq1.sizes(), DType::F16, Device::cuda(0));
-  y->decode_step(dq1.view(), dk1.view(), dk1.view(), o1.view(), SdpaParams{});
-  EXPECT_EQ(cuda::overlapped_steps(), n0) << "two encode launches overlapped although not allowed";
-  y->synchronize();
+  EXPECT_EQ(one_step(vq_config(Spec{4, 12, 8, 8}, CacheMode::MemoryBound, D, 8, H, rng), 1), 0)
+      << "two encode launches overlapped although not allowed";
 }
 
 }  // namespace
