@@ -127,26 +127,33 @@ const AttnEntry* pick_entry(const AttnConfigKey& k, const AttnParams& p) {
 }
 const char* g_cluster_query_error = "";  // the last failed occupancy query (diagnosis)
 
-/// The launch configuration of entry e's kernel over `grid`, with the grid's x blocks (a
-/// segment's splits) forming one cluster: for the occupancy query and for the launch.
-struct ClusterLaunch {
+/// The extended launch configuration of entry e's kernel over `grid`: with `cluster`, the grid's
+/// x blocks (a segment's splits) form one cluster (for the occupancy query and for the launch);
+/// priority != 0 is the launch's block-dispatch priority (see attn_launch).
+struct LaunchConfig {
   cudaLaunchAttribute attr[2]{};
   cudaLaunchConfig_t cfg{};
-  /// priority != 0: the launch's block-dispatch priority (see attn_launch)
-  ClusterLaunch(const AttnEntry& e, dim3 grid, void* stream, int priority = 0) {
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = grid.x, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
-    attr[1].id = cudaLaunchAttributePriority;
-    attr[1].val.priority = priority;
+  LaunchConfig(const AttnEntry& e, dim3 grid, void* stream, bool cluster, int priority = 0) {
+    unsigned n = 0;
+    if (cluster) {
+      attr[n].id = cudaLaunchAttributeClusterDimension;
+      attr[n].val.clusterDim.x = grid.x, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
+      ++n;
+    }
+    if (priority != 0) {
+      attr[n].id = cudaLaunchAttributePriority;
+      attr[n].val.priority = priority;
+      ++n;
+    }
     cfg.gridDim = grid;
     cfg.blockDim = dim3(unsigned(e.threads));
     cfg.dynamicSmemBytes = size_t(e.smem);
     cfg.stream = as_stream(stream);
     cfg.attrs = attr;
-    cfg.numAttrs = priority != 0 ? 2 : 1;
+    cfg.numAttrs = n;
   }
-  ClusterLaunch(const ClusterLaunch&) = delete;  // cfg points at this object's attr
-  ClusterLaunch& operator=(const ClusterLaunch&) = delete;
+  LaunchConfig(const LaunchConfig&) = delete;  // cfg points at this object's attr
+  LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
 
 /// How many clusters of `splits` blocks of the entry's kernel can be resident at once on the
@@ -167,7 +174,7 @@ int max_active_clusters(const AttnEntry& e, int splits) {
   if (major >= 9 && fa.binaryVersion >= 90) {  // a kernel built for sm_80 (PTX JIT) has no cluster path
     if (splits > 8) VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
     VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-    const ClusterLaunch cl(e, dim3(unsigned(splits), 1, 1), nullptr);
+    const LaunchConfig cl(e, dim3(unsigned(splits), 1, 1), nullptr, true);
     const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cl.cfg);
     if (err != cudaSuccess) {
       (void)cudaGetLastError();  // not fatal: such launches merge through the workspace
@@ -194,33 +201,17 @@ bool use_cluster(const AttnEntry& e, const AttnParams& p) {
 /// whose shared-memory limit was never raised: "invalid argument".) With clusters, the n_splits
 /// blocks of each segment (grid x) form one cluster.
 void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0) {
-  if (use_cluster(e, p)) {
-    AttnParams pc = p;
-    pc.cluster_launch = 1;
-    void* args[] = {&pc};
-    const ClusterLaunch cl(e, grid, stream, priority);
-    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cl.cfg, e.kernel, args));
-    g_cluster_launches.fetch_add(1);
-    return;
-  }
+  const bool cluster = use_cluster(e, p);
   AttnParams pg = p;
-  pg.cluster_launch = 0;
+  pg.cluster_launch = cluster ? 1 : 0;
   void* args[] = {&pg};
-  if (priority != 0) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributePriority;
-    attr.val.priority = priority;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(unsigned(e.threads));
-    cfg.dynamicSmemBytes = size_t(e.smem);
-    cfg.stream = as_stream(stream);
-    cfg.attrs = &attr;
-    cfg.numAttrs = 1;
-    VQ_CUDA_CHECK(cudaLaunchKernelExC(&cfg, e.kernel, args));
+  if (!cluster && priority == 0) {
+    VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
     return;
   }
-  VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
+  const LaunchConfig lc(e, grid, stream, cluster, priority);
+  VQ_CUDA_CHECK(cudaLaunchKernelExC(&lc.cfg, e.kernel, args));
+  if (cluster) g_cluster_launches.fetch_add(1);
 }
 
 }  // namespace

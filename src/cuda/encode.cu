@@ -36,6 +36,15 @@ namespace {
 
 constexpr int kEncWarps = 8;
 
+/// Blocks that split one token group's scan of an n-centroid codebook in decode mode: at most
+/// `slices`, each block's `warps` warps keeping >= 64 centroids apiece (the kernel's rule, which
+/// the host's grid and shared-memory sizing repeat through this one function).
+__host__ __device__ constexpr int dec_blocks(int n_centroids, int slices, int warps) {
+  const int fit = n_centroids / (warps * 64);
+  const int nb = slices < fit ? slices : fit;
+  return nb > 1 ? nb : 1;
+}
+
 struct Side {
   const float* cb;
   const float* norms;
@@ -234,7 +243,7 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   const int64_t n_jobs = (n_th + TPJ - 1) / TPJ;
   int NB = 1;
   if (CS > 1 && p.dec_slices > 1 && p.dec_ws_best && n_jobs <= p.dec_ws_jobs)
-    NB = max(1, min(p.dec_slices, nC / (CS * 64)));
+    NB = dec_blocks(nC, p.dec_slices, CS);
   const int NBL = CS > 1 && p.dec_slices > 1 ? p.dec_slices : 1;  // blocks per job in the grid
   const int bslice = CS > 1 ? int(blockIdx.x % NBL) : 0;
   if (bslice >= NB) return;
@@ -1021,7 +1030,7 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
     if (!(q.dec_ws_best && q.dec_ws_code && q.dec_ws_count) || q.dec_slices < 1) q.dec_slices = 1;
     // no more blocks than the launch's largest codebook can use (>= 64 centroids per warp):
     // 256-entry codebooks keep one block per group (run 37: empty blocks cost ~1.5 us)
-    q.dec_slices = std::max(1, std::min(q.dec_slices, nmax / (CS * 64)));
+    q.dec_slices = dec_blocks(nmax, q.dec_slices, CS);
   }
   // the centroids one block stages: a sliced decode-mode block holds its slice only (the
   // kernel's NB rule, per side of this sub_dim), so 4096-entry codebooks take 10 KB, not 80,
@@ -1032,7 +1041,7 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
     for (const bool keys : {true, false})
       if ((keys ? p.k_sub : p.v_sub) == SD && (p.sides & (keys ? 1 : 2))) {
         const int nc = 1 << (keys ? p.k_bits : p.v_bits);
-        staged = std::max(staged, nc / std::max(1, std::min(q.dec_slices, nc / (CS * 64))));
+        staged = std::max(staged, nc / dec_blocks(nc, q.dec_slices, CS));
       }
     staged = std::max(staged, 1);
   }
