@@ -902,9 +902,12 @@ int main(int argc, char** argv) {
     // between two events, with the update's encode in throughput mode (update_decode_max 0, as
     // before run 91) and in latency mode (the default for few token-heads)
     // (host_us: the host's time to issue one pair, which bounds the eager path from below)
+    // (deferred: the update's input range check queued, not waited for: set_deferred_checks, as
+    // the runtime's forward does; the verdict is read once, after the 20 pairs)
     double host_us = 0;
-    auto time_eager = [&](int decode_max) {
+    auto time_eager = [&](int decode_max, bool deferred = false) {
       const int prev = cuda::set_update_decode_max(decode_max);
+      cc->set_deferred_checks(deferred);
       CK(cudaStreamSynchronize(st));
       CK(cudaMemsetAsync(flush, 3, flush_bytes, st));
       for (int w = 0; w < 2; ++w) cache->update(kn.view(), kn.view()), cache->fused_sdpa_into(q.view(), out.view(), sp);
@@ -917,6 +920,8 @@ int main(int argc, char** argv) {
       host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / 20;
       CK(cudaEventRecord(tm.b, st));
       CK(cudaEventSynchronize(tm.b));
+      cc->check_inputs();
+      cc->set_deferred_checks(false);
       cuda::set_update_decode_max(prev);
       float ms;
       CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
@@ -926,6 +931,9 @@ int main(int argc, char** argv) {
     const double eager_bulk_us = time_eager(0);
     const double host_bulk_us = host_us;
     const double eager_lat_us = time_eager(cuda::update_decode_max());
+    const double host_lat_us = host_us;
+    const double eager_def_us = time_eager(cuda::update_decode_max(), true);
+    const double host_def_us = host_us;
     cc->sync_seq_lens();
     if (auto* acc = dynamic_cast<VecInferAccounting*>(cache.get())) {
       const double ideal = double(acc->compressed_key_bytes() + acc->compressed_value_bytes() +
@@ -939,12 +947,68 @@ int main(int argc, char** argv) {
                 "overlapped%s (%.1f us with node priorities), %.1f us serial (%.2fx); without clusters %.1f us overlapped, "
                 "%.1f us serial; eager update + fused_sdpa: %.1f us "
                 "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
-                "a pair; %lld tokens held, overflow=%d\n",
+                "a pair; with deferred input checks (latency mode) %.1f us, host issue %.1f us (%.2fx over checked); "
+                "%lld tokens held, overflow=%d\n",
                 sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us,
                 sc.s.ks == sc.s.vs || cuda::overlap_two_launches() ? "" : " [two launches: not the default path]",
                 prio_us, serial_us,
-                serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us, host_us, host_bulk_us,
+                serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us,
+                host_lat_us, host_bulk_us, eager_def_us, host_def_us, eager_lat_us / eager_def_us,
                 (long long)cache->offset(), int(cc->device_error()));
+  }
+
+  // ---- update(): the encode mode by token-heads (what cuda::update_decode_max should be) ------
+  // One token per sequence appended to B sequences of 8 kv heads (8·B token-heads), int8-key
+  // caches (the default format), MemoryBound: 20 updates queued back to back (deferred input
+  // checks, so the host does not wait between them), device time per update, with every update
+  // in latency mode (decode-mode encode, the codebook split over several blocks per token group)
+  // and in throughput mode (bulk encode, one warp per group). Both write the same bytes
+  // (CudaEncode.UpdateLatencyAndThroughputModesAgree).
+  if (!skip_step) {
+    std::printf("\nupdate() of one token per sequence, 8 kv heads, device us per update by encode mode "
+                "(default: latency mode up to update_decode_max = %d token-heads, 4x that for codebooks of more than 256 centroids)\n",
+                cuda::update_decode_max());
+    std::printf("| keys / values | token-heads | latency mode us | throughput mode us | throughput / latency |\n");
+    std::printf("|---|---|---|---|---|\n");
+    for (const Spec& sp : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
+      for (int B : {1, 4, 16, 32, 64, 128, 256}) {
+        KVCacheConfig c;
+        c.kind = CacheKind::VecInfer;
+        c.head_dim = kD;
+        c.key_sub_dim = sp.ks, c.key_codebook_bits = sp.kb, c.value_sub_dim = sp.vs, c.value_codebook_bits = sp.vb;
+        c.fused_sdpa = true, c.fused_sdpa_memory_bound = true;
+        c.residual_length = kR;
+        c.n_kv_heads = kKV;
+        c.device = Device::cuda(0);
+        cudaStream_t st;
+        CK(cudaStreamCreate(&st));
+        c.stream = st;
+        {
+          auto cache = KVCacheFactory::create(c);
+          auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
+          cc->reserve(64, B);
+          Tensor kn = Tensor::empty({B, kKV, 1, kD}, DType::F16, Device::cuda(0));
+          grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 5 + B, 1.0f);
+          auto per_update = [&](int decode_max) {
+            const int prev = cuda::set_update_decode_max(decode_max);
+            cc->set_deferred_checks(true);
+            for (int w = 0; w < 2; ++w) cache->update(kn.view(), kn.view());
+            CK(cudaEventRecord(tm.a, st));
+            for (int r = 0; r < 20; ++r) cache->update(kn.view(), kn.view());
+            CK(cudaEventRecord(tm.b, st));
+            CK(cudaEventSynchronize(tm.b));
+            cc->check_inputs();
+            cc->set_deferred_checks(false);
+            cuda::set_update_decode_max(prev);
+            float ms;
+            CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+            return double(ms) * 1e3 / 20;
+          };
+          const double lat = per_update(1 << 30), thr = per_update(0);
+          std::printf("| %s | %d | %.1f | %.1f | %.2fx |\n", sp.str().c_str(), B * kKV, lat, thr, thr / lat);
+        }
+        CK(cudaStreamDestroy(st));
+      }
   }
 
   // ---- summary table -------------------------------------------------------------------------

@@ -79,6 +79,26 @@ class CudaKVCache : public KVCache {
   /// The device array of lengths, I32 [batch] (decode steps read and advance it).
   virtual int32_t* device_seq_lens() const = 0;
 
+  /// Deferred input checks (off by default). update() with device inputs must throw before it
+  /// changes the cache when keys or values hold a non-finite value (or one beyond the storage
+  /// dtype's range), so it waits for its range check: one stream synchronisation per call,
+  /// which keeps a host that queues a model's layers (update, attention, the next layer's
+  /// products) from running ahead of the device. With deferred checks on, update() queues the
+  /// range check and its own kernels without waiting; a failed check makes that update and every
+  /// later update() a no-op on the device (nothing written, lengths unchanged), and the error is
+  /// raised, as the same ValueError naming the call's shape, by check_inputs() or by the next
+  /// call that waits for the stream anyway (synchronize, device_error, sync_seq_lens, state,
+  /// trim, set_seq_lens, update_and_fetch, decode_step, a fused_sdpa into host memory, or
+  /// turning deferred checks off), which also resets the host's length mirror to what the
+  /// device holds: the cache is then exactly as it was before the failed update. Attention
+  /// calls queued in between read the cache without the updates that were not applied. Shape
+  /// errors, CPU inputs, and an update that fixes the batch and head count (the first one) are
+  /// still checked at the call. decode_step() never range-checks its k_new/v_new.
+  virtual void set_deferred_checks(bool on) = 0;
+  bool deferred_checks() const { return deferred_; }
+  /// Waits for the stream and raises the first failed deferred check, if any (see above).
+  virtual void check_inputs() = 0;
+
   /// Whether a kernel found a position beyond the capacity (synchronises; clears the flag).
   virtual bool device_error() = 0;
   /// Waits for the cache's stream.
@@ -88,6 +108,7 @@ class CudaKVCache : public KVCache {
 
  protected:
   std::vector<int64_t> lens_;  // host mirror, [batch]
+  bool deferred_ = false;
   int64_t capacity_ = 0;
   void* stream_ = nullptr;
   Device device_{};

@@ -197,13 +197,54 @@ class CudaCacheBase : public CudaKVCache {
     for (int64_t l : lens_) m = std::max(m, l);
     return m;
   }
-  void synchronize() const override {
-    DeviceGuard g(device_.index);
-    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+  ~CudaCacheBase() override {
+    if (host_chk_) {
+      DeviceGuard g(device_.index);
+      // a range check queued since the last verdict may still write the words (the cache's
+      // stream may be gone already: the device is waited for, not the stream)
+      if (!pending_.empty()) cudaDeviceSynchronize();
+      cudaFreeHost(host_chk_);
+    }
   }
+  CudaCacheBase(const CudaCacheBase&) = delete;
+  CudaCacheBase& operator=(const CudaCacheBase&) = delete;
+
+  void synchronize() const override {
+    wait();
+    collect_deferred("KVCache::synchronize (cuda)");
+  }
+  void set_deferred_checks(bool on) override {
+    DeviceGuard g(device_.index);
+    if (!on) {
+      deferred_ = false;  // (also when the pending verdict below raises)
+      collect_deferred("KVCache::set_deferred_checks (cuda)");
+      return;
+    }
+    if (!host_chk_) {
+      // the failing check also writes mapped host words, so a clean verdict costs the host one
+      // read after a synchronisation it makes anyway (no copy); without mappable host memory
+      // the verdict is copied back
+      int can_map = 0;
+      VQ_CU(cudaDeviceGetAttribute(&can_map, cudaDevAttrCanMapHostMemory, device_.index));
+      void* h = nullptr;
+      if (can_map && cudaHostAlloc(&h, 2 * sizeof(int), cudaHostAllocMapped | cudaHostAllocPortable) == cudaSuccess) {
+        void* d = nullptr;
+        if (cudaHostGetDevicePointer(&d, h, 0) == cudaSuccess) {
+          host_chk_ = static_cast<int*>(h);
+          host_chk_dev_ = static_cast<int*>(d);
+          host_chk_[0] = host_chk_[1] = 0;
+        } else {
+          cudaFreeHost(h);
+        }
+      }
+      (void)cudaGetLastError();  // (a refused mapping only means the copy-back path)
+    }
+    deferred_ = true;
+  }
+  void check_inputs() override { collect_deferred("KVCache::check_inputs (cuda)"); }
   bool device_error() override {
     DeviceGuard g(device_.index);
-    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    collect_deferred("KVCache::device_error (cuda)");
     int32_t e = 0;
     VQ_CU(cudaMemcpy(&e, err_.data(), 4, cudaMemcpyDeviceToHost));
     if (e) VQ_CU(cudaMemset(err_.data(), 0, 4));
@@ -211,6 +252,7 @@ class CudaCacheBase : public CudaKVCache {
   }
   int32_t* device_seq_lens() const override { return len_.defined() ? len_.ptr<int32_t>() : nullptr; }
   void sync_seq_lens() override {
+    collect_deferred("KVCache::sync_seq_lens (cuda)");
     if (!len_.defined()) return;
     DeviceGuard g(device_.index);
     VQ_CU(cudaStreamSynchronize(cs(stream_)));
@@ -244,6 +286,70 @@ class CudaCacheBase : public CudaKVCache {
     cuda::AttnConfigKey key{};
     bool valid = false;
   };
+
+  /// Waits for the stream (internal: raises no deferred check; see collect_deferred).
+  void wait() const {
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+  }
+
+  /// Deferred input checks (set_deferred_checks): waits for the stream and, when a queued range
+  /// check failed, clears the flags, resets the host mirror of the lengths to the device's (the
+  /// failed update and every later one were no-ops there) and throws ValueError naming the call.
+  /// Nothing to do (no wait) when no deferred update is pending.
+  void collect_deferred(const char* who) const {
+    if (pending_.empty()) return;
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    int32_t bad[2] = {0, 0};
+    if (host_chk_) {
+      bad[0] = reinterpret_cast<volatile int*>(host_chk_)[0];
+      bad[1] = reinterpret_cast<volatile int*>(host_chk_)[1];
+    } else {
+      VQ_CU(cudaMemcpy(bad, chk_.data(), 8, cudaMemcpyDeviceToHost));
+    }
+    std::vector<Pending> pend;
+    pend.swap(pending_);
+    if (!bad[0] && !bad[1]) return;
+    auto* self = const_cast<CudaCacheBase*>(this);
+    VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    if (host_chk_) host_chk_[0] = host_chk_[1] = 0;
+    self->sync_seq_lens();  // (pending_ is empty now: no recursion)
+    const bool keys = bad[0] != 0;
+    const int32_t tag = keys ? bad[0] : bad[1];
+    size_t k = 0;
+    while (k + 1 < pend.size() && pend[k].tag != tag) ++k;
+    VQ_THROW(ValueError, who << ": a deferred input check failed: the " << (keys ? "keys " : "values ")
+                             << shape_str(pend[k].shape) << " of update() " << k + 1 << " of the " << pend.size()
+                             << " queued since the last check held a non-finite value or one beyond +-"
+                             << storage_limit() << " (" << dtype_name(config_.storage_dtype)
+                             << " storage); that update and the " << pend.size() - k - 1
+                             << " after it were not applied: the cache holds what it held before it ("
+                             << offset() << " tokens per sequence at most)");
+  }
+
+  /// After a restore replaced everything: pending verdicts are about a state that is gone.
+  void discard_deferred() {
+    if (pending_.empty()) return;
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    if (host_chk_) host_chk_[0] = host_chk_[1] = 0;
+    pending_.clear();
+  }
+
+  /// decode_step: deferred updates still unverified are verified first (a synchronisation, not
+  /// possible while capturing: then the caller is told to check first).
+  void collect_before_step() {
+    if (pending_.empty()) return;
+    VQ_CHECK_VALUE(!capturing(), "decode_step: " << pending_.size()
+                                                 << " update() calls with deferred input checks are not verified yet; "
+                                                    "call check_inputs() before capturing");
+    collect_deferred("decode_step (cuda)");
+  }
+
+  float storage_limit() const { return config_.storage_dtype == DType::F16 ? 65504.0f : 3.3895314e38f; }
 
   virtual cuda::AttnConfigKey attn_key(int nt) const = 0;
   /// What a decode step needs beyond attention's workspace, allocated when it is planned (a
@@ -365,8 +471,17 @@ class CudaCacheBase : public CudaKVCache {
   }
 
   /// Validates keys/values of an update like the CPU caches (shapes, finite values within the
-  /// storage range); returns n_new. Any device or the CPU; the range check runs where they live.
-  int64_t check_update(const TensorView& keys, const TensorView& values, const char* who) const {
+  /// storage range); returns n_new and the gate the update's kernels take (deferred checks:
+  /// the range flags; else null). Any device or the CPU; the range check runs where they live.
+  /// Deferred checks (device inputs, shape known): the range checks are queued, not waited for.
+  struct Checked {
+    int64_t n = 0;
+    const int* gate = nullptr;
+  };
+  Checked check_update(const TensorView& keys, const TensorView& values, const char* who) const {
+    // a deferred check that already failed is raised now (its words are in host memory; no wait)
+    if (host_chk_ && (reinterpret_cast<volatile int*>(host_chk_)[0] | reinterpret_cast<volatile int*>(host_chk_)[1]))
+      collect_deferred(who);
     check_float4d(keys, "keys", keys.device);
     check_float4d(values, "values", values.device);
     VQ_CHECK_SHAPE(keys.sizes() == values.sizes(),
@@ -385,36 +500,46 @@ class CudaCacheBase : public CudaKVCache {
     VQ_CHECK_SHAPE(keys.device == device_ || keys.device.is_cpu(),
                    who << ": keys on " << device_name(keys.device) << ", the cache lives on " << device_name(device_));
     VQ_CHECK_SHAPE(values.device == keys.device, who << ": keys and values on different devices");
-    const float lim = config_.storage_dtype == DType::F16 ? 65504.0f : 3.3895314e38f;
-    // device inputs: both range checks, then one read-back and one synchronisation (the call
-    // must throw before it changes anything, so it waits for the verdict; one wait, not two)
+    const float lim = storage_limit();
+    // device inputs: one range-check launch for keys and values, then one read-back and one
+    // synchronisation (the call must throw before it changes anything, so it waits for the
+    // verdict), or with deferred checks no wait at all
+    const bool defer = deferred_ && batch_ > 0;
+    const int32_t tag = defer ? next_tag() : 1;
     int32_t bad[2] = {0, 0};
-    bool on_device = false;
-    for (const TensorView* t : {&keys, &values}) {
-      const char* name = t == &keys ? "keys" : "values";
-      if (t->device.is_cpu()) {
+    const bool on_device = !keys.device.is_cpu();
+    if (!on_device) {
+      for (const TensorView* t : {&keys, &values}) {
         const Tensor f = Tensor::to_f32(*t);
         const float* x = f.ptr<float>();
         for (int64_t i = 0; i < f.numel(); ++i)
-          VQ_CHECK_VALUE(std::fabs(x[i]) <= lim, who << ": " << name << " element " << i << " is " << x[i]
-                                                     << ": must be finite and within +-" << lim << " ("
-                                                     << dtype_name(config_.storage_dtype) << " storage)");
-      } else {
-        if (!on_device) VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
-        on_device = true;
-        cuda::check_range_launch(dev4(*t), t->shape[0], t->shape[1], t->shape[2], t->shape[3], lim,
-                                 chk_.ptr<int>() + (t == &keys ? 0 : 1), stream_);
+          VQ_CHECK_VALUE(std::fabs(x[i]) <= lim, who << ": " << (t == &keys ? "keys" : "values") << " element " << i
+                                                     << " is " << x[i] << ": must be finite and within +-" << lim
+                                                     << " (" << dtype_name(config_.storage_dtype) << " storage)");
       }
+    } else {
+      // one launch for both; the flags are zero here (a verdict that finds one set clears it)
+      cuda::check_range_launch(dev4(keys), dev4(values), keys.shape[0], keys.shape[1], keys.shape[2], keys.shape[3],
+                               lim, chk_.ptr<int>(), stream_, tag, defer ? chk_.ptr<int>() : nullptr,
+                               defer ? host_chk_dev_ : nullptr);
     }
-    if (on_device) {
+    if (on_device && defer) pending_.push_back({tag, keys.sizes()});
+    if (on_device && !defer) {
       VQ_CU(cudaMemcpyAsync(bad, chk_.data(), 8, cudaMemcpyDeviceToHost, cs(stream_)));
       VQ_CU(cudaStreamSynchronize(cs(stream_)));
+      // (the words gate deferred updates: a failure reported here must not leave them set)
+      if (bad[0] || bad[1]) VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
     }
     for (const TensorView* t : {&keys, &values})
       VQ_CHECK_VALUE(!bad[t == &keys ? 0 : 1], who << ": " << (t == &keys ? "keys" : "values") << " "
                                                    << t->shape_string() << " hold a non-finite value or one beyond +-"
                                                    << lim << " (" << dtype_name(config_.storage_dtype) << " storage)");
-    return keys.shape[2];
+    return {keys.shape[2], deferred_ ? chk_.ptr<int>() : nullptr};
+  }
+
+  int32_t next_tag() const {
+    tag_ = tag_ == INT32_MAX ? 1 : tag_ + 1;
+    return tag_;
   }
 
   /// Shape checks of decode_step (host only, no device work).
@@ -462,6 +587,16 @@ class CudaCacheBase : public CudaKVCache {
   int n_sms_ = 1;
   std::vector<int64_t> rch_;  // host mirror of res_count
   Tensor len_, rc_, err_, chk_, done_, counters_, ws_o_, ws_ml_;
+  // deferred input checks: mapped host copies of chk_'s words (null: read chk_ back), the
+  // updates queued since the last verdict, the last tag given
+  struct Pending {
+    int32_t tag;
+    Shape shape;
+  };
+  int* host_chk_ = nullptr;
+  int* host_chk_dev_ = nullptr;
+  mutable std::vector<Pending> pending_;
+  mutable int32_t tag_ = 0;
 };
 
 // ------------------------------------------------------------------------------------------
@@ -479,12 +614,14 @@ class CudaFP16Cache final : public CudaCacheBase {
 
   std::pair<Tensor, Tensor> update_and_fetch(const TensorView& keys, const TensorView& values) override {
     update(keys, values);
+    collect_deferred("KVCache::update_and_fetch (cuda)");
     return {fetch(held_k_, keys.device), fetch(held_v_, keys.device)};
   }
 
   void update(const TensorView& keys, const TensorView& values) override {
     DeviceGuard g(device_.index);
-    const int64_t n = check_update(keys, values, "KVCache::update (cuda)");
+    const Checked ck = check_update(keys, values, "KVCache::update (cuda)");
+    const int64_t n = ck.n;
     const int64_t B = keys.shape[0], H = keys.shape[1];
     const Staged sk = stage(keys, device_, "keys"), sv = stage(values, device_, "values");
     if (batch_ == 0) {
@@ -496,12 +633,12 @@ class CudaFP16Cache final : public CudaCacheBase {
     grow_to(offset() + n);
     const int bf = config_.storage_dtype == DType::BF16;
     cuda::append_rows_launch(dev4(sk.view), int(B), int(H), int(n), config_.head_dim, held_k_.data(), bf, capacity_,
-                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_, ck.gate);
     cuda::append_rows_launch(dev4(sv.view), int(B), int(H), int(n), config_.head_dim, held_v_.data(), bf, capacity_,
-                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
-    cuda::advance_lengths_launch(len_.ptr<int32_t>(), nullptr, int(B), int(n), 0, stream_);
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_, ck.gate);
+    cuda::advance_lengths_launch(len_.ptr<int32_t>(), nullptr, int(B), int(n), 0, stream_, ck.gate);
     for (auto& l : lens_) l += n;
-    if (sk.keep.defined() || sv.keep.defined()) synchronize();
+    if (sk.keep.defined() || sv.keep.defined()) wait();  // the staged copies die here
   }
 
   Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
@@ -538,6 +675,7 @@ class CudaFP16Cache final : public CudaCacheBase {
                    const SdpaParams& params) override {
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
+    collect_before_step();
     const int n = plan_.q_len;
     const int bf = config_.storage_dtype == DType::BF16;
     cuda::append_rows_launch(dev4(k), int(batch_), n_kv_heads_, n, config_.head_dim, held_k_.data(), bf, capacity_,
@@ -569,6 +707,7 @@ class CudaFP16Cache final : public CudaCacheBase {
   }
 
   void set_seq_lens(const std::vector<int64_t>& lens) override {
+    collect_deferred("set_seq_lens (cuda)");
     VQ_CHECK_SHAPE(int64_t(lens.size()) == batch_, "set_seq_lens: expected " << batch_ << " lengths, got "
                                                                              << lens.size());
     for (size_t b = 0; b < lens.size(); ++b)
@@ -580,6 +719,7 @@ class CudaFP16Cache final : public CudaCacheBase {
 
   int64_t trim(int64_t n) override {
     VQ_CHECK_VALUE(n >= 0, "KVCache::trim: n must be >= 0, got " << n);
+    collect_deferred("KVCache::trim (cuda)");
     if (batch_ == 0) return 0;
     std::vector<int64_t> l = lens_;
     int64_t k = 0;
@@ -594,6 +734,7 @@ class CudaFP16Cache final : public CudaCacheBase {
   }
 
   CacheState state() const override {
+    collect_deferred("KVCache::state (cuda)");
     CacheState s;
     if (batch_ == 0 || offset() == 0) return s;
     require_uniform("KVCache::state (cuda)");
@@ -602,6 +743,7 @@ class CudaFP16Cache final : public CudaCacheBase {
     return s;
   }
   CacheMetaState meta_state() const override {
+    collect_deferred("KVCache::meta_state (cuda)");
     return {{"class", class_name()},
             {"offset", std::to_string(offset())},
             {"head_dim", std::to_string(config_.head_dim)},
@@ -654,6 +796,7 @@ class CudaFP16Cache final : public CudaCacheBase {
     lens_.assign(size_t(B), off);
     rch_.assign(size_t(B), 0);
     plan_ = Plan{};
+    discard_deferred();
   }
 
   int64_t nbytes() const override {
@@ -695,7 +838,7 @@ class CudaFP16Cache final : public CudaCacheBase {
     DeviceGuard g(device_.index);
     copy_rows_2d(t.data(), row, off, 0, held.data(), row, capacity_, 0, batch_ * n_kv_heads_, off, row,
                  where.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, cs(stream_));
-    if (where.is_cpu()) synchronize();
+    if (where.is_cpu()) wait();
     return t;
   }
 
@@ -712,7 +855,7 @@ class CudaFP16Cache final : public CudaCacheBase {
                    cudaMemcpyDeviceToDevice, cs(stream_));
       copy_rows_2d(nv.data(), row, cap, 0, held_v_.data(), row, capacity_, 0, batch_ * n_kv_heads_, keep, row,
                    cudaMemcpyDeviceToDevice, cs(stream_));
-      synchronize();
+      wait();
     }
     held_k_ = nk;
     held_v_ = nv;
@@ -756,12 +899,14 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
                "VecInferKVCache::update_and_fetch (cuda): a memory-bound cache holds only codes and the fp16 "
                "window, so there is no full K/V to fetch; use update() and fused_sdpa() (the cache is unchanged)");
     update(keys, values);
+    collect_deferred("VecInferKVCache::update_and_fetch (cuda)");
     return {fetch_rows(held_k_, keys.device), fetch_rows(held_v_, keys.device)};
   }
 
   void update(const TensorView& keys, const TensorView& values) override {
     DeviceGuard g(device_.index);
-    const int64_t n = check_update(keys, values, "VecInferKVCache::update (cuda)");
+    const Checked ck = check_update(keys, values, "VecInferKVCache::update (cuda)");
+    const int64_t n = ck.n;
     const int64_t B = keys.shape[0], H = keys.shape[1];
     const Staged sk = stage(keys, device_, "keys"), sv = stage(values, device_, "values");
     // allocations first
@@ -770,17 +915,20 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // A few token-heads (decode-time updates): the latency-mode encode, every block of a token
     // group on one slice of the codebook (the throughput kernel would give each group one warp
     // that scans the whole codebook, e.g. 4096 centroids for d4b12 keys: see update_decode_max)
-    const bool few = B * H * n <= cuda::update_decode_max();
+    // (a 4096-centroid codebook's scan keeps the latency mode ahead up to 4x the token-heads)
+    const int64_t few_max =
+        int64_t(cuda::update_decode_max()) * (std::max(key_pq_.n_centroids, value_pq_.n_centroids) > 256 ? 4 : 1);
+    const bool few = B * H * n <= few_max;
     if (few) ensure_step_workspace(int(n));
     // launches
-    launch_append(dev4(sk.view), dev4(sv.view), int(n), few);
+    launch_append(dev4(sk.view), dev4(sv.view), int(n), few, ck.gate);
     cuda::advance_lengths_launch(len_.ptr<int32_t>(), rc_.ptr<int32_t>(), int(B), int(n), config_.residual_length,
-                                 stream_);
+                                 stream_, ck.gate);
     for (size_t b = 0; b < lens_.size(); ++b) {
       lens_[b] += n;
       rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);
     }
-    if (sk.keep.defined() || sv.keep.defined()) synchronize();
+    if (sk.keep.defined() || sv.keep.defined()) wait();  // the staged copies die here
   }
 
   Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
@@ -820,6 +968,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
                    const SdpaParams& params) override {
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
+    collect_before_step();
     const int n = plan_.q_len;
     if (overlap_ready(n)) {
       // Overlapped step: the new tokens' exact rows go into the window first (and the lengths
@@ -880,6 +1029,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   void set_seq_lens(const std::vector<int64_t>& lens) override {
+    collect_deferred("set_seq_lens (cuda)");
     VQ_CHECK_SHAPE(int64_t(lens.size()) == batch_, "set_seq_lens: expected " << batch_ << " lengths, got "
                                                                              << lens.size());
     std::vector<int64_t> rc = rch_;
@@ -894,6 +1044,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
 
   int64_t trim(int64_t n) override {
     VQ_CHECK_VALUE(n >= 0, "VecInferKVCache::trim: n must be >= 0, got " << n);
+    collect_deferred("VecInferKVCache::trim (cuda)");
     if (batch_ == 0) return 0;
     std::vector<int64_t> l = lens_, rc = rch_;
     int64_t k = 0;
@@ -910,6 +1061,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
 
   // ---- state -----------------------------------------------------------------------------
   CacheState state() const override {
+    collect_deferred("VecInferKVCache::state (cuda)");
     CacheState s;
     const int64_t D = config_.head_dim, R = config_.residual_length;
     const int64_t off = offset(), rc = rch_.empty() ? 0 : rch_[0];
@@ -918,7 +1070,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       for (int64_t r : rch_)
         VQ_CHECK_T(r == rc, UnsupportedError, "VecInferKVCache::state (cuda): window counts differ across the batch");
       DeviceGuard g(device_.index);
-      synchronize();
+      wait();
       const int64_t nbh = batch_ * n_kv_heads_;
       if (mode_ != CacheMode::Standard && off > 0) {
         s.emplace_back("key_codes", download_codes(codes_k_, k_rs_, key_pq_.code_bytes, capacity_, 0, off, false));
@@ -951,6 +1103,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   CacheMetaState meta_state() const override {
+    collect_deferred("VecInferKVCache::meta_state (cuda)");
     return detail::vecinfer_meta_state({class_name(), mode_, offset(), rch_.empty() ? 0 : int64_t(rch_[0]), capacity_,
                                         batch_, n_kv_heads_, key_pq_.spec(), value_pq_.spec(),
                                         !transform_.use_smooth || transform_.lambda.empty(), random_codebooks_},
@@ -1035,6 +1188,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // commit (no throws below)
     swap_state(fresh);
     staged_.reset();
+    discard_deferred();
   }
 
   // ---- accounting ------------------------------------------------------------------------
@@ -1297,7 +1451,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
         copy_rows_2d(ncv.data(), v_rs_, cap, 0, codes_v_.data(), v_rs_, capacity_, 0, B * H, keep, v_rs_,
                      cudaMemcpyDeviceToDevice, cs(stream_));
       }
-      synchronize();
+      wait();
     }
     held_k_ = nk;
     held_v_ = nv;
@@ -1423,8 +1577,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).
-  void launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode) {
+  void launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode, const int* gate = nullptr) {
     cuda::EncodeParams e = enc_params(k, v, n);
+    e.gate = gate;
     if (mode_ != CacheMode::MemoryBound && config_.residual_length > 0) cuda::evict_launch(e, stream_);
     cuda::encode_launch(e, decode_mode, stream_);
   }
@@ -1437,7 +1592,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     DeviceGuard g(device_.index);
     copy_rows_2d(t.data(), row, off, 0, held.data(), row, capacity_, 0, batch_ * n_kv_heads_, off, row,
                  where.is_cpu() ? cudaMemcpyDeviceToHost : cudaMemcpyDeviceToDevice, cs(stream_));
-    if (where.is_cpu()) synchronize();
+    if (where.is_cpu()) wait();
     return t;
   }
 

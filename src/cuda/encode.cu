@@ -57,6 +57,10 @@ struct Side {
   bool keys;
 };
 
+/// Deferred input checks: whether a queued range check failed (EncodeParams::gate), in which
+/// case an update's kernels write nothing.
+__device__ __forceinline__ bool gated(const int* gate) { return gate != nullptr && (gate[0] | gate[1]) != 0; }
+
 __device__ __forceinline__ Side side_of(const EncodeParams& p, bool keys) {
   if (keys) return {p.k_cb, p.k_norms, p.k_bits, p.k_sub, p.k_cmax, p.k_codes, p.k_row_stride, p.k_win, p.k, true};
   return {p.v_cb, p.v_norms, p.v_bits, p.v_sub, p.v_cmax, p.v_codes, p.v_row_stride, p.v_win, p.v, false};
@@ -232,7 +236,7 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   extern __shared__ __align__(16) unsigned char smem[];
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
-  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2))) return;  // served elsewhere / not asked for
+  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2)) || gated(p.gate)) return;  // served elsewhere / not asked for
   const int nC = 1 << sd.bits;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   // Decode mode over several blocks (EncodeParams::dec_slices): NB blocks share a job, block
@@ -525,7 +529,7 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
   extern __shared__ __align__(16) unsigned char smem[];
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
-  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2))) return;
+  if (sd.sub != SD || !(p.sides & (keys ? 1 : 2)) || gated(p.gate)) return;
   const int nC = 1 << sd.bits;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   float* const s_cb2 = reinterpret_cast<float*>(smem);                           // [nC][SD] 2·c
@@ -892,7 +896,7 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
   __shared__ uint32_t s_c[kEncWarps][D / SD];
   const bool keys = keys_only_side >= 0 ? keys_only_side == 1 : blockIdx.y == 0;
   const Side sd = side_of(p, keys);
-  if (sd.sub != SD) return;
+  if (sd.sub != SD || gated(p.gate)) return;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   constexpr int kNSub = D / SD;
   const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
@@ -938,7 +942,9 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
 }
 
 __global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
-                                   int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag) {
+                                   int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag,
+                                   const int* gate) {
+  if (gated(gate)) return;
   const int64_t total = int64_t(batch) * n_kv_heads * n_new * head_dim;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
@@ -957,13 +963,19 @@ __global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, in
   }
 }
 
-__global__ void check_range_kernel(DevTensor4 t, int64_t d1, int64_t d2, int64_t d3, int64_t total, float limit,
-                                   int* flag) {
+__global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d1, int64_t d2, int64_t d3,
+                                   int64_t total, float limit, int* flags, int tag, const int* gate, int* host_flags) {
+  if (gated(gate)) return;  // an earlier queued check failed: its tag is the one to report
+  const int w = blockIdx.y;  // 0: keys, 1: values
+  const DevTensor4& t = w == 0 ? keys : values;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i3 = idx % d3, r2 = idx / d3, i2 = r2 % d2, r1 = r2 / d2, i1 = r1 % d1, i0 = r1 / d1;
     const float x = load_f(t.data, t.dtype, i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + i3 * t.stride[3]);
-    if (!(fabsf(x) <= limit)) atomicExch(flag, 1);
+    if (!(fabsf(x) <= limit)) {
+      atomicCAS(flags + w, 0, tag);
+      if (host_flags) reinterpret_cast<volatile int*>(host_flags)[w] = tag;  // every writer writes this tag
+    }
   }
 }
 
@@ -1004,7 +1016,8 @@ __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int3
   }
 }
 
-__global__ void advance_kernel(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R) {
+__global__ void advance_kernel(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, const int* gate) {
+  if (gated(gate)) return;
   for (int b = threadIdx.x; b < batch; b += blockDim.x) {
     seq_len[b] += n_new;
     if (res_count) res_count[b] = min(R, res_count[b] + n_new);
@@ -1191,21 +1204,24 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
 }
 
 void append_rows_launch(const DevTensor4& src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
-                        int dst_bf16, int64_t dst_cap, const int32_t* seq_len, int* error_flag, void* stream) {
+                        int dst_bf16, int64_t dst_cap, const int32_t* seq_len, int* error_flag, void* stream,
+                        const int* gate) {
   const int64_t total = int64_t(batch) * n_kv_heads * n_new * head_dim;
   if (total == 0) return;
   const int blocks = int(std::min<int64_t>((total + 255) / 256, 65535));
   append_rows_kernel<<<blocks, 256, 0, as_stream(stream)>>>(src, batch, n_kv_heads, n_new, head_dim, dst, dst_bf16,
-                                                            dst_cap, seq_len, error_flag);
+                                                            dst_cap, seq_len, error_flag, gate);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, float limit, int* flag,
-                        void* stream) {
+void check_range_launch(const DevTensor4& keys, const DevTensor4& values, int64_t d0, int64_t d1, int64_t d2,
+                        int64_t d3, float limit, int* flags, void* stream, int tag, const int* gate, int* host_flags) {
+  VQ_CHECK_VALUE(tag != 0, "CUDA range check: the tag must be non-zero");
   const int64_t total = d0 * d1 * d2 * d3;
   if (total == 0) return;
-  const int blocks = int(std::min<int64_t>((total + 255) / 256, 4096));
-  check_range_kernel<<<blocks, 256, 0, as_stream(stream)>>>(t, d1, d2, d3, total, limit, flag);
+  const dim3 grid(unsigned(std::min<int64_t>((total + 255) / 256, 2048)), 2);
+  check_range_kernel<<<grid, 256, 0, as_stream(stream)>>>(keys, values, d1, d2, d3, total, limit, flags, tag, gate,
+                                                          host_flags);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1219,9 +1235,10 @@ void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream) {
+void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream,
+                            const int* gate) {
   if (batch == 0 || n_new == 0) return;
-  advance_kernel<<<1, 128, 0, as_stream(stream)>>>(seq_len, res_count, batch, n_new, R);
+  advance_kernel<<<1, 128, 0, as_stream(stream)>>>(seq_len, res_count, batch, n_new, R, gate);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -228,6 +228,8 @@ struct EncodeParams {
   const int32_t* res_count = nullptr;
   int residual_length = 0;
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
+  const int* gate = nullptr;  ///< deferred input checks (update() only): when gate[0] | gate[1]
+                              ///< is set (a queued range check failed), the kernel writes nothing
   int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
   EncodeGrid k_grid, v_grid;  ///< throughput mode, bulk_variant 1: every sub_dim-4 side with a grid
                               ///< takes the grid kernel (same codes, no scan)
@@ -269,14 +271,22 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
 /// dst [batch, kvh, cap, head_dim] (F16 or BF16) at positions seq_len[b] + i (the fp16 cache).
 void append_rows_launch(const DevTensor4& src, int batch, int n_kv_heads, int n_new, int head_dim,
                         void* dst, int dst_bf16, int64_t dst_cap, const int32_t* seq_len, int* error_flag,
-                        void* stream);
+                        void* stream, const int* gate = nullptr);
 
-/// Sets *flag = 1 when an element of t [d0, d1, d2, d3] is non-finite or |x| > limit.
-void check_range_launch(const DevTensor4& t, int64_t d0, int64_t d1, int64_t d2, int64_t d3, float limit, int* flag,
-                        void* stream);
+/// The update's input range check, keys and values in one launch (both [d0, d1, d2, d3]): sets
+/// flags[0] (keys) / flags[1] (values) = tag (tag != 0; the first failing check's tag stays)
+/// when an element is non-finite or |x| > limit. Deferred checks: gate (the same two flags)
+/// non-null makes the check a no-op once either flag is set (an earlier queued check failed, so
+/// this update is not applied anyway), and host_flags (mapped host memory, may be null) receive
+/// the tag too, for the host to read after a stream synchronisation.
+void check_range_launch(const DevTensor4& keys, const DevTensor4& values, int64_t d0, int64_t d1, int64_t d2,
+                        int64_t d3, float limit, int* flags, void* stream, int tag = 1, const int* gate = nullptr,
+                        int* host_flags = nullptr);
 
-/// len[b] += n_new; rc[b] = min(R, rc[b] + n_new) (rc may be null).
-void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream);
+/// len[b] += n_new; rc[b] = min(R, rc[b] + n_new) (rc may be null); nothing when gated
+/// (EncodeParams::gate).
+void advance_lengths_launch(int32_t* seq_len, int32_t* res_count, int batch, int n_new, int R, void* stream,
+                            const int* gate = nullptr);
 /// Overlapped decode steps (CudaVecInferCache::decode_step, MemoryBound with a window of at least
 /// q_len tokens): the new tokens' encode runs on a side stream beside attention. Process-wide
 /// switch (default on; off: the serial step, encode then attention) for A/B benchmarks and tests;
@@ -292,7 +302,11 @@ void note_overlapped_step();
 long long overlapped_steps();
 /// update() of at most this many token-heads (batch·n_kv_heads·n) encodes in latency mode
 /// (encode_launch's decode_mode, codebook slices over several blocks), larger ones in
-/// throughput mode. Default 256; returns the previous value (A/B benchmarks, tests).
+/// throughput mode; caches with a codebook of more than 256 centroids use 4x this. Default 256;
+/// returns the previous value (A/B benchmarks, tests). Run 98 (bench_decode_cuda's update
+/// table, one token, 8 kv heads, int8 keys): d4b8 latency mode 15.9 / 19.6 / 27.0 us at 8 / 256 /
+/// 512 token-heads against 20.9 / 23.2 / 23.7 in throughput mode; the defaults d4b12/d8b8 191 vs
+/// 231 us at 1024 and 357 vs 332 at 2048.
 int set_update_decode_max(int token_heads);
 int update_decode_max();
 /// The first launch of an overlapped decode step (MemoryBound caches whose window holds the

@@ -30,6 +30,7 @@
 #include "cuda/cuda_util.cuh"
 #include "veloxquant/attention.h"
 #include "veloxquant/cache.h"
+#include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
 #include "veloxquant/tensor.h"
 
@@ -43,6 +44,56 @@ namespace {
       VQ_THROW(CudaError, #expr << " failed: cuBLAS status " << int(vq_st_) << " (" << __FILE__ \
                                 << ":" << __LINE__ << ")");                                  \
   } while (0)
+
+// Deferred input checks (CudaKVCache::set_deferred_checks) on the device caches of one forward
+// call, restored to their previous setting at the end. collect(T) reads every verdict: a layer
+// whose check failed did not apply its update (its cache is as it was), every other layer's T
+// tokens are trimmed, and a ValueError names the first failing layer. On other errors the
+// forward's own handler trims the updated layers (trim raises and repairs a failed check first).
+class DeferredChecks {
+ public:
+  explicit DeferredChecks(const std::vector<KVCache*>& caches) : caches_(caches), was_(caches.size(), -1) {
+    for (size_t l = 0; l < caches_.size(); ++l)
+      if (auto* cc = dynamic_cast<CudaKVCache*>(caches_[l])) {
+        was_[l] = cc->deferred_checks() ? 1 : 0;
+        cc->set_deferred_checks(true);
+      }
+  }
+  ~DeferredChecks() {
+    for (size_t l = 0; l < caches_.size(); ++l)
+      if (was_[l] == 0) try {
+          static_cast<CudaKVCache*>(caches_[l])->set_deferred_checks(false);
+        } catch (...) {  // (the forward is unwinding already; trim repaired the cache)
+        }
+  }
+  DeferredChecks(const DeferredChecks&) = delete;
+  DeferredChecks& operator=(const DeferredChecks&) = delete;
+
+  void collect(int64_t T) {
+    std::vector<char> failed(caches_.size(), 0);
+    std::string first;
+    int first_layer = -1, n_failed = 0;
+    for (size_t l = 0; l < caches_.size(); ++l) {
+      if (was_[l] < 0) continue;
+      try {
+        static_cast<CudaKVCache*>(caches_[l])->check_inputs();
+      } catch (const ValueError& e) {
+        failed[l] = 1;
+        ++n_failed;
+        if (first_layer < 0) first_layer = int(l), first = e.what();
+      }
+    }
+    if (n_failed == 0) return;
+    for (size_t l = 0; l < caches_.size(); ++l)
+      if (!failed[l]) caches_[l]->trim(T);
+    VQ_THROW(ValueError, "CUDA forward: layer " << first_layer << " (" << n_failed << " layer(s) in all): " << first
+                                                << "; no cache keeps this call's " << T << " token(s)");
+  }
+
+ private:
+  const std::vector<KVCache*>& caches_;
+  std::vector<int> was_;  // -1: not a device cache; else its setting before the call
+};
 
 // ---- kernels -------------------------------------------------------------------------------
 
@@ -259,6 +310,9 @@ class CudaDecoderImpl final : public CudaDecoder {
     embed_kernel<<<unsigned(T), kThreads>>>(embed_.data, embed_.dtype, tok_.as<int32_t>(), H, x);
     check_launch("embed");
 
+    // The device caches' update() queues its input range check instead of waiting for it (one
+    // host round trip per layer otherwise): the verdicts are read once, after the logits' copy
+    DeferredChecks deferred(caches);
     const Device dev = d_.device;
     auto heads_view = [&](float* p, int64_t heads, Device where) {
       return TensorView(p, DType::F32, {1, heads, T, hd}, {T * heads * hd, hd, heads * hd, 1}, where);
@@ -332,6 +386,7 @@ class CudaDecoderImpl final : public CudaDecoder {
     gemm(h, rows, lm_head_, nullptr, logits_.as<float>());
     std::vector<float> out(size_t(rows * d_.vocab));
     VQ_CUDA_CHECK(cudaMemcpy(out.data(), logits_.p, out.size() * 4, cudaMemcpyDeviceToHost));
+    deferred.collect(T);
     return out;
   }
 

@@ -12,6 +12,7 @@
 //    (a wrong token or dimension gives NMSE ~ 1).
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <sstream>
 
@@ -970,6 +971,108 @@ TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
       EXPECT_FALSE(as_cuda(lat.get())->device_error()) << what;
       std::printf("[cuda update modes] %s: latency- and throughput-mode updates leave equal states\n", what.c_str());
     }
+}
+
+/// Deferred input checks (CudaKVCache::set_deferred_checks): good updates leave the same bytes
+/// as checked ones; a bad key or value (non-finite, or beyond f16) does not throw at its call,
+/// makes that update and every later one no-ops on the device, and is raised by the next
+/// verdict (check_inputs, a later update once the flag is visible, trim, state, decode_step,
+/// turning the checks off), after which the cache is byte for byte the twin that never saw the
+/// bad call, and goes on like it. VecInfer MemoryBound and Standard, and the FP16 cache.
+TEST(CudaCache, DeferredChecksRaiseLaterAndLeaveTheCacheAsItWas) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(71);
+  std::vector<std::pair<std::string, KVCacheConfig>> cases;
+  for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Standard})
+    cases.emplace_back(std::string("d4b8 ") + cache_mode_name(mode), vq_config(Spec{4, 8, 4, 8}, mode, 64, 8, 2, rng));
+  KVCacheConfig f;
+  f.kind = CacheKind::FP16;
+  f.head_dim = 64;
+  f.step = 32;
+  cases.emplace_back("fp16", f);
+  for (const auto& [what, c] : cases) {
+    SCOPED_TRACE(what);
+    auto ref = make_cuda(c), def = make_cuda(c);
+    CudaKVCache* dc = as_cuda(def.get());
+    EXPECT_FALSE(dc->deferred_checks());
+    dc->set_deferred_checks(true);
+    EXPECT_TRUE(dc->deferred_checks());
+    auto kv = [&](int64_t n) { return random_tensor({2, 2, n, 64}, DType::F32, rng); };
+    auto both = [&](const Tensor& k, const Tensor& v) {
+      const Tensor dk = to_device(k), dv = to_device(v);
+      ref->update(dk.view(), dv.view());
+      def->update(dk.view(), dv.view());
+    };
+    // the raised message, from whichever call raised it first (a later update raises it once the
+    // failed check's flag has reached the host; `verdict` raises it otherwise)
+    auto raised = [&](const Tensor& bk, const Tensor& bv, const std::function<void()>& verdict) {
+      std::string msg;
+      try {
+        def->update(to_device(bk).view(), to_device(bv).view());
+        Tensor k = kv(1), v = kv(1);
+        def->update(to_device(k).view(), to_device(v).view());  // queued after the bad one: not applied
+        verdict();
+      } catch (const ValueError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find("deferred input check failed"), std::string::npos) << msg;
+      return msg;
+    };
+    // the first update fixes batch and heads, so it is checked at the call (and a failure there
+    // must not gate the deferred updates after it); then good updates: the same bytes
+    Tensor first_bad = kv(4);
+    first_bad.ptr<float>()[3] = NAN;
+    EXPECT_THROW(def->update(to_device(first_bad).view(), to_device(kv(4)).view()), ValueError);
+    EXPECT_EQ(def->offset(), 0);
+    for (int64_t n : {10, 1, 3, 1}) both(kv(n), kv(n));
+    dc->check_inputs();
+    expect_same_state(*ref, *def, what + ", good updates");
+    // a NaN key: check_inputs raises it, naming the keys and the call
+    Tensor bad = kv(3);
+    bad.ptr<float>()[200] = NAN;
+    std::string msg = raised(bad, kv(3), [&] { dc->check_inputs(); });
+    EXPECT_NE(msg.find("keys [2, 2, 3, 64]"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("update() 1 of the"), std::string::npos) << msg;
+    expect_same_state(*ref, *def, what + ", after a NaN key");
+    EXPECT_EQ(def->offset(), ref->offset());
+    EXPECT_EQ(dc->seq_lens(), as_cuda(ref.get())->seq_lens());
+    both(kv(2), kv(2));  // it goes on like the twin
+    expect_same_state(*ref, *def, what + ", an update after the verdict");
+    // an infinite value: trim raises it and trims nothing
+    Tensor inf_v = kv(1);
+    inf_v.ptr<float>()[5] = INFINITY;
+    msg = raised(kv(1), inf_v, [&] { def->trim(1); });
+    EXPECT_NE(msg.find("values [2, 2, 1, 64]"), std::string::npos) << msg;
+    expect_same_state(*ref, *def, what + ", after an infinite value");
+    // beyond f16: state() raises it
+    Tensor big = kv(2);
+    big.ptr<float>()[77] = 1e6f;
+    raised(big, kv(2), [&] { (void)def->state(); });
+    expect_same_state(*ref, *def, what + ", after a key beyond f16");
+    // decode_step verifies queued updates before its own launches
+    dc->reserve(64);
+    dc->plan_decode(4, 1, 64);
+    const Tensor q = to_device(random_tensor({2, 4, 1, 64}, DType::F32, rng)), o = to_device(random_tensor({2, 4, 1, 64}, DType::F32, rng));
+    const Tensor sk = to_device(kv(1)), sv = to_device(kv(1));
+    raised(bad, kv(3), [&] { dc->decode_step(q.view(), sk.view(), sv.view(), o.view(), SdpaParams{}); });
+    expect_same_state(*ref, *def, what + ", after a step that found a failed check");
+    // turning the checks off raises a pending failure (queued alone: no later update can raise
+    // it first) and takes effect; updates are then checked at the call
+    def->update(to_device(bad).view(), to_device(kv(3)).view());
+    msg.clear();
+    try {
+      dc->set_deferred_checks(false);
+    } catch (const ValueError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("update() 1 of the 1 queued"), std::string::npos) << msg;
+    EXPECT_FALSE(dc->deferred_checks());
+    EXPECT_THROW(def->update(to_device(bad).view(), to_device(kv(3)).view()), ValueError);
+    expect_same_state(*ref, *def, what + ", checks off again");
+    EXPECT_FALSE(dc->device_error());
+    std::printf("[cuda deferred checks] %s: NaN / inf / beyond-f16 updates raised later, state as the twin's\n",
+                what.c_str());
+  }
 }
 
 /// Overlapped decode steps (the new tokens' rows written first, their encode on a side stream

@@ -39,6 +39,7 @@
 // logit error (elsewhere the two are a tie at this precision; counted and printed).
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <random>
 
@@ -331,4 +332,58 @@ TEST(CudaRuntime, BadInputsThrowAndLeaveTheCachesUnchanged) {
   LayerCaches fresh = gm->make_caches(fp16_options());
   EXPECT_THROW(gm->forward(ok, fresh, fo), ValueError);
   EXPECT_EQ(fresh[0]->offset(), 0);
+}
+
+// The device caches check their inputs without a host round trip per layer inside a forward
+// call (deferred checks); a non-finite key still fails the call, names the layer, and leaves
+// every cache byte for byte as it was, and the caches go on. A token whose embedding row is
+// +inf makes the first layer's keys NaN (RMSNorm of inf).
+TEST(CudaRuntime, NonFiniteKeysFailTheCallAndLeaveEveryCacheAsItWas) {
+  VQ_SKIP_WITHOUT_GPU();
+  vqtest::TinySpec s = spec_hd64("llama");
+  s.name += "-poison";
+  s.poison_token = 7;
+  const auto dir = std::filesystem::path(::testing::TempDir()) / ("vq_" + s.name);
+  vqtest::write_tiny_checkpoint(s, dir);
+  const auto model = load_model(dir);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  CacheOptions vq;
+  vq.kind = CacheKind::VecInfer;
+  vq.mode = CacheMode::MemoryBound;
+  vq.residual_length = 4;
+  vq.seed = 5;
+  for (const CacheOptions& o : {fp16_options(), vq}) {
+    SCOPED_TRACE(o.kind == CacheKind::FP16 ? "fp16 cache" : "VecInfer cache");
+    LayerCaches dev = gm->make_caches(o);
+    ASSERT_TRUE(dev[0]->config().device.is_cuda());
+    const std::vector<int32_t> ok{1, 2, 3, 4, 5, 6};
+    gm->forward(ok, dev);
+    std::vector<CacheState> before;
+    for (auto& c : dev) before.push_back(c->state());
+    const std::vector<int32_t> bad{8, 7, 9};
+    std::string msg;
+    try {
+      gm->forward(bad, dev);
+    } catch (const ValueError& e) {
+      msg = e.what();
+    }
+    EXPECT_NE(msg.find("layer 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("deferred input check failed"), std::string::npos) << msg;
+    for (size_t l = 0; l < dev.size(); ++l) {
+      EXPECT_EQ(dev[l]->offset(), 6) << "layer " << l;
+      EXPECT_FALSE(dynamic_cast<CudaKVCache&>(*dev[l]).deferred_checks()) << "layer " << l;
+      const CacheState after = dev[l]->state();
+      ASSERT_EQ(after.size(), before[l].size());
+      for (size_t i = 0; i < after.size(); ++i) {
+        const Tensor &x = before[l][i].second, &y = after[i].second;
+        ASSERT_EQ(x.nbytes(), y.nbytes()) << after[i].first;
+        EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << "layer " << l << ": " << after[i].first;
+      }
+    }
+    const std::vector<float> logits = gm->forward(std::vector<int32_t>{8, 9}, dev);
+    EXPECT_TRUE(all_finite(logits));
+    EXPECT_EQ(dev[1]->offset(), 8);
+  }
 }

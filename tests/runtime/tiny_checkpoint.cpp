@@ -1,8 +1,10 @@
 // tiny_checkpoint.cpp — see tiny_checkpoint.h.
 #include "tiny_checkpoint.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -255,6 +257,8 @@ void write_tiny_checkpoint(const TinySpec& s, const std::filesystem::path& dir) 
   // Tied: a small embedding scale keeps the logits from being dominated by e_t·e_t (which
   // makes greedy decoding repeat the last token and the decode test weak).
   normal("model.embed_tokens.weight", {V, H}, s.tied ? 0.1 : 1.0);
+  if (s.poison_token >= 0 && s.poison_token < V)
+    std::fill_n(params.back().values.begin() + int64_t(s.poison_token) * H, H, std::numeric_limits<float>::infinity());
   for (int l = 0; l < s.n_layers; ++l) {
     const std::string p = "model.layers." + std::to_string(l) + ".";
     normal(p + "input_layernorm.weight", {H}, 0.1, 1.0);

@@ -37,6 +37,7 @@ struct TinySpec {
   int n_shards = 1;          ///< > 1: model-0000i-of-0000n.safetensors + index
   bool add_bos = true;       ///< tokenizer adds <|bos|>
   uint64_t seed = 1;
+  int poison_token = -1;     ///< >= 0: that token's embedding row is +inf (non-finite activations)
 };
 
 /// The four committed checkpoints (llama / qwen2 / qwen3 / mistral variants).
