@@ -95,6 +95,46 @@ struct Spec {
   }
 };
 
+/// A MemoryBound VecInfer cache on device 0 with the bench's layer shape (kKV kv heads, head_dim
+/// kD, a kR-token window), queueing on `stream` (the step and update sections).
+KVCacheConfig device_cache_config(const Spec& s, CodebookFormat fmt, cudaStream_t stream) {
+  KVCacheConfig c;
+  c.attention_codebooks = fmt;
+  c.kind = CacheKind::VecInfer;
+  c.head_dim = kD;
+  c.key_sub_dim = s.ks, c.key_codebook_bits = s.kb, c.value_sub_dim = s.vs, c.value_codebook_bits = s.vb;
+  c.fused_sdpa = true, c.fused_sdpa_memory_bound = true;
+  c.residual_length = kR;
+  c.n_kv_heads = kKV;
+  c.device = Device::cuda(0);
+  c.stream = stream;
+  return c;
+}
+
+/// Device us per call of `call` (the runtime's eager calls on `cache`): 2 warm-up calls, then 20
+/// queued between the timer's events on `stream`, with `decode_max` as cuda::update_decode_max
+/// and deferred input checks on or off (their verdict read after the 20); host_us, when given,
+/// receives the host's issue time per call.
+double time_calls(KVCache& cache, cudaStream_t stream, Timer& tm, int decode_max, bool deferred,
+                  const std::function<void()>& call, double* host_us = nullptr) {
+  auto* cc = dynamic_cast<CudaKVCache*>(&cache);
+  const int prev = cuda::set_update_decode_max(decode_max);
+  cc->set_deferred_checks(deferred);
+  for (int w = 0; w < 2; ++w) call();
+  CK(cudaEventRecord(tm.a, stream));
+  const auto h0 = std::chrono::steady_clock::now();
+  for (int r = 0; r < 20; ++r) call();
+  if (host_us) *host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / 20;
+  CK(cudaEventRecord(tm.b, stream));
+  CK(cudaEventSynchronize(tm.b));
+  cc->check_inputs();
+  cc->set_deferred_checks(false);
+  cuda::set_update_decode_max(prev);
+  float ms;
+  CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+  return double(ms) * 1e3 / 20;
+}
+
 struct Peer {
   double us = 0, tbps = 0;
   std::string backend;
@@ -828,19 +868,9 @@ int main(int argc, char** argv) {
     if (skip_step) break;
     const CodebookFormat fmt = sc.fmt;
     double step_us = 0;
-    KVCacheConfig c;
-    c.attention_codebooks = fmt;
-    c.kind = CacheKind::VecInfer;
-    c.head_dim = kD;
-    c.key_sub_dim = sc.s.ks, c.key_codebook_bits = sc.s.kb, c.value_sub_dim = sc.s.vs, c.value_codebook_bits = sc.s.vb;
-    c.fused_sdpa = true, c.fused_sdpa_memory_bound = true;
-    c.residual_length = kR;
-    c.n_kv_heads = kKV;
-    c.device = Device::cuda(0);
     cudaStream_t st;
     CK(cudaStreamCreate(&st));
-    c.stream = st;
-    auto cache = KVCacheFactory::create(c);
+    auto cache = KVCacheFactory::create(device_cache_config(sc.s, fmt, st));
     auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
     const int L = 131072;
     cc->reserve(L + 320, 1);
@@ -906,26 +936,12 @@ int main(int argc, char** argv) {
     // the runtime's forward does; the verdict is read once, after the 20 pairs)
     double host_us = 0;
     auto time_eager = [&](int decode_max, bool deferred = false) {
-      const int prev = cuda::set_update_decode_max(decode_max);
-      cc->set_deferred_checks(deferred);
       CK(cudaStreamSynchronize(st));
       CK(cudaMemsetAsync(flush, 3, flush_bytes, st));
-      for (int w = 0; w < 2; ++w) cache->update(kn.view(), kn.view()), cache->fused_sdpa_into(q.view(), out.view(), sp);
-      CK(cudaEventRecord(tm.a, st));
-      const auto h0 = std::chrono::steady_clock::now();
-      for (int r = 0; r < 20; ++r) {
+      return time_calls(*cache, st, tm, decode_max, deferred, [&] {
         cache->update(kn.view(), kn.view());
         cache->fused_sdpa_into(q.view(), out.view(), sp);
-      }
-      host_us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - h0).count() / 20;
-      CK(cudaEventRecord(tm.b, st));
-      CK(cudaEventSynchronize(tm.b));
-      cc->check_inputs();
-      cc->set_deferred_checks(false);
-      cuda::set_update_decode_max(prev);
-      float ms;
-      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-      return double(ms) * 1e3 / 20;
+      }, &host_us);
     };
     cc->sync_seq_lens();
     const double eager_bulk_us = time_eager(0);
@@ -934,6 +950,11 @@ int main(int argc, char** argv) {
     const double host_lat_us = host_us;
     const double eager_def_us = time_eager(cuda::update_decode_max(), true);
     const double host_def_us = host_us;
+    // (the defaults: keys and values of different sub_dims are two encode launches, side by side
+    // on two streams by default; here one after the other)
+    const bool two_prev = cuda::set_overlap_two_launches(false);
+    const double eager_def_serial_us = time_eager(cuda::update_decode_max(), true);
+    cuda::set_overlap_two_launches(two_prev);
     cc->sync_seq_lens();
     if (auto* acc = dynamic_cast<VecInferAccounting*>(cache.get())) {
       const double ideal = double(acc->compressed_key_bytes() + acc->compressed_value_bytes() +
@@ -947,13 +968,13 @@ int main(int argc, char** argv) {
                 "overlapped%s (%.1f us with node priorities), %.1f us serial (%.2fx); without clusters %.1f us overlapped, "
                 "%.1f us serial; eager update + fused_sdpa: %.1f us "
                 "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
-                "a pair; with deferred input checks (latency mode) %.1f us, host issue %.1f us (%.2fx over checked); "
-                "%lld tokens held, overflow=%d\n",
+                "a pair; with deferred input checks (latency mode) %.1f us, host issue %.1f us (%.2fx over checked), "
+                "%.1f us with two encode launches in series; %lld tokens held, overflow=%d\n",
                 sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us,
                 sc.s.ks == sc.s.vs || cuda::overlap_two_launches() ? "" : " [two launches: not the default path]",
                 prio_us, serial_us,
                 serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us,
-                host_lat_us, host_bulk_us, eager_def_us, host_def_us, eager_lat_us / eager_def_us,
+                host_lat_us, host_bulk_us, eager_def_us, host_def_us, eager_lat_us / eager_def_us, eager_def_serial_us,
                 (long long)cache->offset(), int(cc->device_error()));
   }
 
@@ -972,37 +993,16 @@ int main(int argc, char** argv) {
     std::printf("|---|---|---|---|---|\n");
     for (const Spec& sp : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
       for (int B : {1, 4, 16, 32, 64, 128, 256}) {
-        KVCacheConfig c;
-        c.kind = CacheKind::VecInfer;
-        c.head_dim = kD;
-        c.key_sub_dim = sp.ks, c.key_codebook_bits = sp.kb, c.value_sub_dim = sp.vs, c.value_codebook_bits = sp.vb;
-        c.fused_sdpa = true, c.fused_sdpa_memory_bound = true;
-        c.residual_length = kR;
-        c.n_kv_heads = kKV;
-        c.device = Device::cuda(0);
         cudaStream_t st;
         CK(cudaStreamCreate(&st));
-        c.stream = st;
         {
-          auto cache = KVCacheFactory::create(c);
+          auto cache = KVCacheFactory::create(device_cache_config(sp, KVCacheConfig{}.attention_codebooks, st));
           auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
           cc->reserve(64, B);
           Tensor kn = Tensor::empty({B, kKV, 1, kD}, DType::F16, Device::cuda(0));
           grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 5 + B, 1.0f);
           auto per_update = [&](int decode_max) {
-            const int prev = cuda::set_update_decode_max(decode_max);
-            cc->set_deferred_checks(true);
-            for (int w = 0; w < 2; ++w) cache->update(kn.view(), kn.view());
-            CK(cudaEventRecord(tm.a, st));
-            for (int r = 0; r < 20; ++r) cache->update(kn.view(), kn.view());
-            CK(cudaEventRecord(tm.b, st));
-            CK(cudaEventSynchronize(tm.b));
-            cc->check_inputs();
-            cc->set_deferred_checks(false);
-            cuda::set_update_decode_max(prev);
-            float ms;
-            CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-            return double(ms) * 1e3 / 20;
+            return time_calls(*cache, st, tm, decode_max, true, [&] { cache->update(kn.view(), kn.view()); });
           };
           const double lat = per_update(1 << 30), thr = per_update(0);
           std::printf("| %s | %d | %.1f | %.1f | %.2fx |\n", sp.str().c_str(), B * kKV, lat, thr, thr / lat);

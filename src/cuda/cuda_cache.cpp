@@ -1552,17 +1552,22 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // captured step must not create them)
     if (mode_ == CacheMode::MemoryBound && config_.residual_length >= q_len) {
       if (!snap_.defined() || snap_.numel() < 2 * batch_) snap_ = Tensor::zeros({2 * batch_}, DType::I32, device_);
-      if (!side_) {
-        int least = 0, greatest = 0;
-        VQ_CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-        prio_hi_ = greatest;
-        VQ_CU(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
-        VQ_CU(cudaStreamCreateWithPriority(&side2_, cudaStreamNonBlocking, least));
-        VQ_CU(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
-        VQ_CU(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
-        VQ_CU(cudaEventCreateWithFlags(&ev_join2_, cudaEventDisableTiming));
-      }
+      ensure_side_streams();
     }
+    if (key_pq_.sub_dim != value_pq_.sub_dim) ensure_side_streams();  // (launch_append's two encodes)
+  }
+
+  /// The cache's side streams (lowest priority, non-blocking) and fork/join events.
+  void ensure_side_streams() {
+    if (side_) return;
+    int least = 0, greatest = 0;
+    VQ_CU(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+    prio_hi_ = greatest;
+    VQ_CU(cudaStreamCreateWithPriority(&side_, cudaStreamNonBlocking, least));
+    VQ_CU(cudaStreamCreateWithPriority(&side2_, cudaStreamNonBlocking, least));
+    VQ_CU(cudaEventCreateWithFlags(&ev_fork_, cudaEventDisableTiming));
+    VQ_CU(cudaEventCreateWithFlags(&ev_join_, cudaEventDisableTiming));
+    VQ_CU(cudaEventCreateWithFlags(&ev_join2_, cudaEventDisableTiming));
   }
 
   /// Whether a decode step of n tokens can overlap its encode with attention: a MemoryBound
@@ -1576,11 +1581,27 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
            (key_pq_.sub_dim == value_pq_.sub_dim || cuda::overlap_two_launches());
   }
 
-  /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced).
+  /// Evicts (Standard/Stash) and encodes n new tokens at the device lengths (not advanced). In
+  /// latency mode, keys and values of different sub_dims (two encode launches, e.g. the
+  /// defaults' d4 keys and d8 values) run side by side: the values' launch on a side stream
+  /// forked from and joined back into the cache's stream before this returns
+  /// (cuda::overlap_two_launches() off: one after the other). Both ways write the same bytes.
   void launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode, const int* gate = nullptr) {
     cuda::EncodeParams e = enc_params(k, v, n);
     e.gate = gate;
     if (mode_ != CacheMode::MemoryBound && config_.residual_length > 0) cuda::evict_launch(e, stream_);
+    if (decode_mode && side_ && key_pq_.sub_dim != value_pq_.sub_dim && cuda::overlap_two_launches()) {
+      VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
+      VQ_CU(cudaStreamWaitEvent(side_, ev_fork_, 0));
+      cuda::EncodeParams ev = e;
+      ev.sides = 2;
+      cuda::encode_launch(ev, true, side_);
+      VQ_CU(cudaEventRecord(ev_join_, side_));
+      e.sides = 1;
+      cuda::encode_launch(e, true, stream_);
+      VQ_CU(cudaStreamWaitEvent(cs(stream_), ev_join_, 0));
+      return;
+    }
     cuda::encode_launch(e, decode_mode, stream_);
   }
 

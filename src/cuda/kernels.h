@@ -296,6 +296,9 @@ bool overlapped_step_allowed();
 /// Whether steps whose keys and values differ in sub_dim (two encode launches, one per side
 /// stream; the defaults d4b12/d8b8) overlap too. Default on since run 95 (run 94: 61.6 vs 68.9 us
 /// at 1x131072; with one side stream, runs 91-93, they had gained nothing); off for A/B runs.
+/// Since run 99 it also runs those two launches side by side (keys on the cache's stream, values
+/// on a side stream, joined before the call returns) in every latency-mode encode outside an
+/// overlapped step: update() of few token-heads and the serial step.
 bool set_overlap_two_launches(bool allowed);
 bool overlap_two_launches();
 void note_overlapped_step();
