@@ -523,7 +523,9 @@ class CudaCacheBase : public CudaKVCache {
                                lim, chk_.ptr<int>(), stream_, tag, defer ? chk_.ptr<int>() : nullptr,
                                defer ? host_chk_dev_ : nullptr);
     }
-    if (on_device && defer) pending_.push_back({tag, keys.sizes()});
+    // (host inputs were checked above: tag 0, never a failing one, but counted among the
+    // updates queued since the last verdict, which a failed one before them gates)
+    if (defer) pending_.push_back({on_device ? tag : 0, keys.sizes()});
     if (on_device && !defer) {
       VQ_CU(cudaMemcpyAsync(bad, chk_.data(), 8, cudaMemcpyDeviceToHost, cs(stream_)));
       VQ_CU(cudaStreamSynchronize(cs(stream_)));

@@ -1011,6 +1011,7 @@ TEST(CudaCache, DeferredChecksRaiseLaterAndLeaveTheCacheAsItWas) {
         def->update(to_device(bk).view(), to_device(bv).view());
         Tensor k = kv(1), v = kv(1);
         def->update(to_device(k).view(), to_device(v).view());  // queued after the bad one: not applied
+        def->update(k.view(), v.view());                        // host inputs too
         verdict();
       } catch (const ValueError& e) {
         msg = e.what();
