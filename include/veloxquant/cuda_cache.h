@@ -88,12 +88,14 @@ class CudaKVCache : public KVCache {
   /// later update() a no-op on the device (nothing written, lengths unchanged), and the error is
   /// raised, as the same ValueError naming the call's shape, by check_inputs() or by the next
   /// call that waits for the stream anyway (synchronize, device_error, sync_seq_lens, state,
-  /// trim, set_seq_lens, update_and_fetch, decode_step, a fused_sdpa into host memory, or
-  /// turning deferred checks off), which also resets the host's length mirror to what the
+  /// meta_state, trim, set_seq_lens, update_and_fetch, decode_step, a fused_sdpa into host
+  /// memory, turning deferred checks off), or by the next update() once the failure has reached
+  /// the host (no wait); the verdict also resets the host's length mirror to what the
   /// device holds: the cache is then exactly as it was before the failed update. Attention
   /// calls queued in between read the cache without the updates that were not applied. Shape
   /// errors, CPU inputs, and an update that fixes the batch and head count (the first one) are
-  /// still checked at the call. decode_step() never range-checks its k_new/v_new.
+  /// still checked at the call. decode_step() never range-checks its k_new/v_new, and refuses to
+  /// capture while deferred updates are unverified (call check_inputs() before capturing).
   virtual void set_deferred_checks(bool on) = 0;
   bool deferred_checks() const { return deferred_; }
   /// Waits for the stream and raises the first failed deferred check, if any (see above).
