@@ -303,8 +303,8 @@ class CudaCacheBase : public CudaKVCache {
     VQ_CU(cudaStreamSynchronize(cs(stream_)));
     int32_t bad[2] = {0, 0};
     if (host_chk_) {
-      bad[0] = reinterpret_cast<volatile int*>(host_chk_)[0];
-      bad[1] = reinterpret_cast<volatile int*>(host_chk_)[1];
+      bad[0] = host_word(0);
+      bad[1] = host_word(1);
     } else {
       VQ_CU(cudaMemcpy(bad, chk_.data(), 8, cudaMemcpyDeviceToHost));
     }
@@ -312,9 +312,7 @@ class CudaCacheBase : public CudaKVCache {
     pend.swap(pending_);
     if (!bad[0] && !bad[1]) return;
     auto* self = const_cast<CudaCacheBase*>(this);
-    VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
-    VQ_CU(cudaStreamSynchronize(cs(stream_)));
-    if (host_chk_) host_chk_[0] = host_chk_[1] = 0;
+    clear_check_flags();
     self->sync_seq_lens();  // (pending_ is empty now: no recursion)
     const bool keys = bad[0] != 0;
     const int32_t tag = keys ? bad[0] : bad[1];
@@ -333,11 +331,18 @@ class CudaCacheBase : public CudaKVCache {
   void discard_deferred() {
     if (pending_.empty()) return;
     DeviceGuard g(device_.index);
+    clear_check_flags();
+    pending_.clear();
+  }
+
+  /// The range flags (device words and their host copies) back to zero; waits for the stream.
+  void clear_check_flags() const {
     VQ_CU(cudaMemsetAsync(chk_.data(), 0, 8, cs(stream_)));
     VQ_CU(cudaStreamSynchronize(cs(stream_)));
     if (host_chk_) host_chk_[0] = host_chk_[1] = 0;
-    pending_.clear();
   }
+  /// A range flag's host copy (deferred checks with mapped host memory), as the device left it.
+  int host_word(int i) const { return reinterpret_cast<volatile int*>(host_chk_)[i]; }
 
   /// decode_step: deferred updates still unverified are verified first (a synchronisation, not
   /// possible while capturing: then the caller is told to check first).
@@ -480,8 +485,7 @@ class CudaCacheBase : public CudaKVCache {
   };
   Checked check_update(const TensorView& keys, const TensorView& values, const char* who) const {
     // a deferred check that already failed is raised now (its words are in host memory; no wait)
-    if (host_chk_ && (reinterpret_cast<volatile int*>(host_chk_)[0] | reinterpret_cast<volatile int*>(host_chk_)[1]))
-      collect_deferred(who);
+    if (host_chk_ && (host_word(0) | host_word(1))) collect_deferred(who);
     check_float4d(keys, "keys", keys.device);
     check_float4d(values, "values", values.device);
     VQ_CHECK_SHAPE(keys.sizes() == values.sizes(),
@@ -990,15 +994,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       // keys and values of different sub_dims are two launches: each on its own side stream,
       // so the side branch is one launch long
       const bool two = key_pq_.sub_dim != value_pq_.sub_dim;
-      for (int i = 0; i < (two ? 2 : 1); ++i) {
-        cudaStream_t sd = i == 0 ? side_ : side2_;
-        VQ_CU(cudaStreamWaitEvent(sd, ev_fork_, 0));
-        cuda::EncodeParams es = e;
-        es.sides = two ? (i == 0 ? 1 : 2) : 3;
-        cuda::encode_launch(es, true, sd);
-        VQ_CU(cudaEventRecord(i == 0 ? ev_join_ : ev_join2_, sd));
-        VQ_CU(cudaStreamWaitEvent(cs(stream_), i == 0 ? ev_join_ : ev_join2_, 0));
-      }
+      for (int i = 0; i < (two ? 2 : 1); ++i)
+        encode_beside(e, two ? (i == 0 ? 1 : 2) : 3, i == 0 ? side_ : side2_, i == 0 ? ev_join_ : ev_join2_);
       cuda::note_overlapped_step();
     } else {
       launch_append(dev4(k), dev4(v), n, true);
@@ -1594,17 +1591,24 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     if (mode_ != CacheMode::MemoryBound && config_.residual_length > 0) cuda::evict_launch(e, stream_);
     if (decode_mode && side_ && key_pq_.sub_dim != value_pq_.sub_dim && cuda::overlap_two_launches()) {
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
-      VQ_CU(cudaStreamWaitEvent(side_, ev_fork_, 0));
-      cuda::EncodeParams ev = e;
-      ev.sides = 2;
-      cuda::encode_launch(ev, true, side_);
-      VQ_CU(cudaEventRecord(ev_join_, side_));
-      e.sides = 1;
-      cuda::encode_launch(e, true, stream_);
-      VQ_CU(cudaStreamWaitEvent(cs(stream_), ev_join_, 0));
+      cuda::EncodeParams ek = e;
+      ek.sides = 1;
+      cuda::encode_launch(ek, true, stream_);
+      encode_beside(e, 2, side_, ev_join_);
       return;
     }
     cuda::encode_launch(e, decode_mode, stream_);
+  }
+
+  /// The latency-mode encode of `sides` of e on side stream `sd`, after the work the cache's
+  /// stream had queued when ev_fork_ was recorded (the caller records it), and joined back: the
+  /// cache's stream waits for it through `join` before anything queued after this call.
+  void encode_beside(cuda::EncodeParams e, int sides, cudaStream_t sd, cudaEvent_t join) {
+    VQ_CU(cudaStreamWaitEvent(sd, ev_fork_, 0));
+    e.sides = sides;
+    cuda::encode_launch(e, true, sd);
+    VQ_CU(cudaEventRecord(join, sd));
+    VQ_CU(cudaStreamWaitEvent(cs(stream_), join, 0));
   }
 
   Tensor fetch_rows(const Tensor& held, Device where) const {
