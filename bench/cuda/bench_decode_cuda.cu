@@ -699,12 +699,15 @@ int main(int argc, char** argv) {
       e.sides = side;
       // the codebook's candidate grid (sub_dim 4, <= 256 centroids: src/core/pq_grid.h), as the
       // caches build it
+      const auto tg0 = std::chrono::steady_clock::now();
       const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim, Device::cuda(0));
+      const double grid_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - tg0).count();
       const auto& grid = dg.host;
       if (grid)
-        std::printf("encode %s d%db%d: candidate grid %d^4 cells, %.1f candidates per cell (max %d), %lld KB\n",
+        std::printf("encode %s d%db%d: candidate grid %d^4 cells, %.1f candidates per cell (max %d), %lld KB, built and "
+                    "uploaded in %.0f ms\n",
                     side == 1 ? "keys" : "values", sub, bits, grid->g, grid->mean_candidates, grid->max_candidates,
-                    (long long)(dg.nbytes() / 1024));
+                    (long long)(dg.nbytes() / 1024), grid_ms);
       // every bulk kernel (EncodeParams::bulk_variant: 1 default — with the candidate grid where
       // the codebook has one ("grid"), else the v2 scan; 2 eight slots per lane, 0 the previous
       // kernel) on the same data, back to back: same-run ratios
@@ -763,16 +766,76 @@ int main(int argc, char** argv) {
       for (int64_t bh = 0; bh < jobs1; ++bh)  // the decode launches wrote position 0 of each row
         same_dec &= std::memcmp(c_one.data() + bh * n * rs, c_sliced.data() + bh * n * rs, rs) == 0;
       for (void* ptr : {(void*)ws_best, (void*)ws_code, (void*)ws_count}) cudaFree(ptr);
+      // the grid kernel on the same 64 token-heads (what update() runs in throughput mode)
+      char grid_small[96] = "";
+      if (variant == 3) std::snprintf(grid_small, sizeof grid_small, "; the grid kernel on them: %.1f us", time_launch(e1, false, 12));
       const std::string nm = std::string(side == 1 ? "keys " : "values ") + "d" + std::to_string(sub) + "b" +
                              std::to_string(bits) + (variant == 3 ? " grid" : " v" + std::to_string(variant));
       std::printf("encode %-17s %9.1f us  %7.0f M token-heads/s  (%lld of %d rows differ from the CPU encoder; "
                   "all %d rows %s the first variant's); decode step (64 token-heads): %.1f us, with the "
-                  "workspace (up to %d blocks per group, as the caches): %.1f us (codes %s)\n",
+                  "workspace (up to %d blocks per group, as the caches): %.1f us (codes %s)%s\n",
                   nm.c_str(), us, rate / 1e6, (long long)bad, nchk, B * kKV * n, same_all ? "equal" : "DIFFER FROM",
-                  us1, cuda::kEncDecSlices, us2, same_dec ? "equal" : "DIFFER");
+                  us1, cuda::kEncDecSlices, us2, same_dec ? "equal" : "DIFFER", grid_small);
       enc_rows.push_back({nm, rate});
       all_valid &= bad == 0 && same_all && same_dec;
       }
+      // codebooks of > 256 centroids: the grid as the caches build it, on the device (the host
+      // build's time is the "built and uploaded" figure above); codes compared with the variants'
+      if (grid && pq.n_centroids > 256) {
+        double build_ms[2];
+        cuda::DeviceEncodeGrid dgd;
+        for (double& ms : build_ms) {  // the first call loads the kernel
+          const auto t0 = std::chrono::steady_clock::now();
+          dgd = cuda::build_encode_grid_on_device(pq.codebook.data(), pq.n_centroids, pq.sub_dim, Device::cuda(0));
+          ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (dgd.host) {
+          e.bulk_variant = 1;
+          e.k_grid = e.v_grid = dgd.view;
+          CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
+          cuda::encode_launch(e, false, nullptr);
+          CK(cudaDeviceSynchronize());
+          std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
+          CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
+          const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
+          std::printf("encode %s d%db%d grid built on the device: %9.1f us  %7.0f M token-heads/s  (%.1f candidates per "
+                      "cell, max %d, %lld KB; built in %.1f ms, first call %.1f ms; all rows %s the first variant's)\n",
+                      side == 1 ? "keys" : "values", sub, bits, us, rate / 1e6, dgd.host->mean_candidates,
+                      dgd.host->max_candidates, (long long)(dgd.nbytes() / 1024), build_ms[1], build_ms[0],
+                      all == first_all ? "equal" : "DIFFER FROM");
+          all_valid &= all == first_all;
+          enc_rows.push_back({std::string(side == 1 ? "keys" : "values") + " d" + std::to_string(sub) + "b" +
+                                  std::to_string(bits) + " device-built grid",
+                              rate});
+        } else {
+          std::printf("encode d%db%d: NO device-built grid\n", sub, bits);
+          all_valid = false;
+        }
+      }
+      // the grid's cell count against its default (memory against candidates per point), host
+      // build, codes compared with the variants' above
+      if (grid && pq.n_centroids > 256)
+        for (const int g : {pq.n_centroids <= 1024 ? 10 : 12, pq.n_centroids <= 1024 ? 18 : 20}) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto hg = std::make_shared<const detail::CandidateGrid>(
+              detail::build_candidate_grid(pq.codebook.data(), pq.n_centroids, pq.sub_dim, g));
+          const double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+          const cuda::DeviceEncodeGrid dgx = cuda::upload_encode_grid(hg, Device::cuda(0));
+          if (!dgx.host) continue;
+          e.bulk_variant = 1;
+          e.k_grid = e.v_grid = dgx.view;
+          CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
+          cuda::encode_launch(e, false, nullptr);
+          CK(cudaDeviceSynchronize());
+          std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
+          CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
+          const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
+          std::printf("encode %s d%db%d grid g=%d: %9.1f us  %7.0f M token-heads/s  (%.1f candidates per cell, %lld KB, "
+                      "built in %.0f ms here; all rows %s the first variant's)\n",
+                      side == 1 ? "keys" : "values", sub, bits, g, us, rate / 1e6, hg->mean_candidates,
+                      (long long)(dgx.nbytes() / 1024), build_ms, all == first_all ? "equal" : "DIFFER FROM");
+          all_valid &= all == first_all;
+        }
       for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
     }
 
@@ -987,10 +1050,13 @@ int main(int argc, char** argv) {
   // (CudaEncode.UpdateLatencyAndThroughputModesAgree).
   if (!skip_step) {
     std::printf("\nupdate() of one token per sequence, 8 kv heads, device us per update by encode mode "
-                "(default: latency mode up to update_decode_max = %d token-heads, 4x that for codebooks of more than 256 centroids)\n",
+                "(default: latency mode up to update_decode_max = %d token-heads, 4x that where a codebook of more than 256 centroids has no candidate grid)\n",
                 cuda::update_decode_max());
+    std::printf("(the throughput mode with the candidate grids of codebooks of more than 256 centroids: each cache "
+                "builds them at its first throughput-mode update here, grid_build_after 0)\n");
     std::printf("| keys / values | token-heads | latency mode us | throughput mode us | throughput / latency |\n");
     std::printf("|---|---|---|---|---|\n");
+    const int64_t build_after_prev = cuda::set_grid_build_after(0);
     for (const Spec& sp : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}})
       for (int B : {1, 4, 16, 32, 64, 128, 256}) {
         cudaStream_t st;
@@ -1009,6 +1075,7 @@ int main(int argc, char** argv) {
         }
         CK(cudaStreamDestroy(st));
       }
+    cuda::set_grid_build_after(build_after_prev);
   }
 
   // ---- summary table -------------------------------------------------------------------------

@@ -10,7 +10,8 @@
 // oracle's, bit for bit.
 //
 // Why the lists are complete. Centroid c leaves cell B's list only if some c' beats it by a
-// relative margin everywhere in B: D_c(x) − (1 + δ)·D_c'(x) > ε on B (D = exact squared
+// relative margin everywhere in B, or in a box that contains B (the build narrows each box's
+// list from its parent's): D_c(x) − (1 + δ)·D_c'(x) > ε on that box (D = exact squared
 // distance). That function is concave in x (its quadratic part is −δ·||x||²), so its minimum over
 // the box is at one of the 16 corners; it is also a sum of one term per dimension, so that minimum
 // is the sum of the per-dimension minima over the two ends of the box's side. The oracle's f32 distance of
@@ -34,27 +35,51 @@ struct CandidateGrid {
   float lo[4] = {}, inv_w[4] = {};
   /// points with far_lo_j <= x_j <= far_hi_j in every dimension have a cell
   float far_lo[4] = {}, far_hi[4] = {};
-  /// per cell (index t0 + g·(t1 + g·(t2 + g·t3))): (first list word << 9) | candidate count
+  /// per cell (index t0 + g·(t1 + g·(t2 + g·t3))): (first list word << 9) | candidate count;
+  /// count 0: the cell has no list (it would exceed 511 candidates) and its points scan
   std::vector<uint32_t> cells;
-  /// candidate indices, ascending, 4 per word (byte i of word w = candidate 4w + i of the cell's
-  /// run); a cell's run is padded to whole words by repeating its last index (harmless: the
-  /// re-rank's strict < ignores a repeat)
+  /// bits per candidate index in `lists`: 8 for codebooks of <= 256 centroids, else 16
+  int index_bits = 8;
+  /// candidate indices, ascending, 32 / index_bits per word (field i of word w = candidate
+  /// (32 / index_bits)·w + i of the cell's run, lowest bits first); a cell's run is padded to
+  /// whole words by repeating its last index (harmless: the re-rank's strict < ignores a repeat)
   std::vector<uint32_t> lists;
-  /// statistics of the build: mean candidates per cell, the largest list
+  /// statistics of the build: mean candidates per cell, the largest list, cells without a list
   double mean_candidates = 0;
   int max_candidates = 0;
+  int scan_cells = 0;
 };
+
+/// The largest codebook a grid is built for (d4b12 keys: 4096 centroids).
+constexpr int kMaxGridCentroids = 4096;
+/// The margins of the proof above (relative δ ≫ 2·(d + 2)·2^-24 for d = 4; absolute ε ≫ the f32
+/// underflow of four squares, ~1e-44) and the cell word's count field (9 bits: <= 511).
+constexpr double kGridDelta = 1e-5, kGridEps = 1e-42;
+constexpr int kGridCountBits = 9;
+constexpr uint32_t kGridMaxCount = (1u << kGridCountBits) - 1;
+
+/// The grid's geometry for a codebook [n_centroids, 4] with g cells per dimension: fills grid's
+/// g, index_bits, lo, inv_w, far_lo, far_hi (no cells, no lists) and each cell's enlarged box per
+/// dimension and cell index, [blo[j][t], bhi[j][t]] (t < g). False (grid left empty) where
+/// build_candidate_grid gives no grid. Shared by the host build and the CUDA one
+/// (src/cuda/encode_grid_build.cu).
+bool grid_geometry(const float* codebook, int n_centroids, int sub_dim, int g, CandidateGrid& grid,
+                   double (&blo)[4][32], double (&bhi)[4][32]);
 
 /// Builds the grid of a codebook [n_centroids, 4] with g cells per dimension (2..32). Returns a
 /// grid with g = 0 (the caller keeps the full scan) when the codebook is not sub_dim 4, has more
-/// than 256 centroids, holds a non-finite or huge (|c| > 1e15) value, or is degenerate (a
-/// dimension whose centroids all coincide).
+/// than kMaxGridCentroids centroids, holds a non-finite or huge (|c| > 1e15) value, or is
+/// degenerate (a dimension whose centroids all coincide). The lists come from a recursive halving
+/// of the grid (each box's list narrowed from its parent's), so the build costs about
+/// O(cells · parent list), not O(cells · n_centroids).
 CandidateGrid build_candidate_grid(const float* codebook, int n_centroids, int sub_dim, int g);
 
-/// The grid the encoders use for a codebook: g = kDefaultGridCells, built once per distinct
-/// codebook per process (a cache per layer builds two, ~50 ms each on two cores) and shared.
-/// Null where build_candidate_grid gives none.
-constexpr int kDefaultGridCells = 10;
+/// The grid the encoders use for a codebook: g = default_grid_cells(n_centroids), built once per
+/// distinct codebook per process and shared. Null where build_candidate_grid gives none.
+constexpr int kDefaultGridCells = 10;  ///< g for codebooks of <= 256 centroids
+/// Cells per dimension for a codebook of n centroids: 10 up to 256 centroids, more for larger
+/// codebooks so a cell's list stays about as short.
+int default_grid_cells(int n_centroids);
 std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* codebook, int n_centroids, int sub_dim);
 
 /// The cell of x[4] (−1: no cell), exactly as the CUDA encoder computes it.

@@ -50,6 +50,7 @@ std::atomic<bool> g_overlap_allowed{true};
 std::atomic<long long> g_overlapped_steps{0};
 std::atomic<int> g_update_decode_max{256};
 std::atomic<bool> g_overlap_two{true};
+std::atomic<int64_t> g_grid_build_after{int64_t(1) << 20};
 }  // namespace
 bool set_overlapped_step(bool allowed) { return g_overlap_allowed.exchange(allowed); }
 bool overlapped_step_allowed() { return g_overlap_allowed.load(); }
@@ -59,6 +60,8 @@ int set_update_decode_max(int token_heads) { return g_update_decode_max.exchange
 int update_decode_max() { return g_update_decode_max.load(); }
 bool set_overlap_two_launches(bool allowed) { return g_overlap_two.exchange(allowed); }
 bool overlap_two_launches() { return g_overlap_two.load(); }
+int64_t set_grid_build_after(int64_t token_heads) { return g_grid_build_after.exchange(token_heads); }
+int64_t grid_build_after() { return g_grid_build_after.load(); }
 }  // namespace cuda
 
 bool cuda_is_available() { return detail::cuda_available(); }
@@ -919,15 +922,23 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     if (batch_ == 0) first_shape(B, H);
     grow_to(offset() + n);
     // A few token-heads (decode-time updates): the latency-mode encode, every block of a token
-    // group on one slice of the codebook (the throughput kernel would give each group one warp
-    // that scans the whole codebook, e.g. 4096 centroids for d4b12 keys: see update_decode_max)
-    // (a 4096-centroid codebook's scan keeps the latency mode ahead up to 4x the token-heads)
-    const int64_t few_max =
-        int64_t(cuda::update_decode_max()) * (std::max(key_pq_.n_centroids, value_pq_.n_centroids) > 256 ? 4 : 1);
-    const bool few = B * H * n <= few_max;
+    // group on one slice of the codebook (the throughput kernel gives each group one warp, which
+    // re-ranks a candidate-grid cell's list where the codebook has a grid but scans the whole
+    // codebook otherwise: see update_decode_max). Codebooks of > 256 centroids get their grids
+    // (built once on the device, ensure_grids) when the cache's throughput-mode encodes reach
+    // cuda::grid_build_after() token-heads, about where the scan has cost what the build costs;
+    // one without a grid keeps the latency mode ahead up to 4x the token-heads (runs 98 and 103's
+    // update tables)
+    const int64_t th = B * H * n, base = cuda::update_decode_max();
+    if (th > base && bulk_th_ + th >= cuda::grid_build_after()) ensure_grids();
+    auto scanned_big = [](const ProductQuantizer& pq, const cuda::DeviceEncodeGrid& gr) {
+      return pq.n_centroids > 256 && !gr.host;
+    };
+    const bool few = th <= base * (scanned_big(key_pq_, k_grid_) || scanned_big(value_pq_, v_grid_) ? 4 : 1);
     if (few) ensure_step_workspace(int(n));
     // launches
     launch_append(dev4(sk.view), dev4(sv.view), int(n), few, ck.gate);
+    if (!few) bulk_th_ += th;
     cuda::advance_lengths_launch(len_.ptr<int32_t>(), rc_.ptr<int32_t>(), int(B), int(n), config_.residual_length,
                                  stream_, ck.gate);
     for (size_t b = 0; b < lens_.size(); ++b) {
@@ -1219,8 +1230,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
 
   int64_t nbytes() const override {
     int64_t n = nbytes_common() + codebook_bytes();
-    // + the encoder's candidate grids (~124 KB per sub_dim-4 codebook of <= 256 centroids, fixed:
-    // overhead, not payload)
+    // + the encoder's candidate grids (~124 KB per sub_dim-4 codebook of <= 256 centroids, 0.7-1.4
+    // MB for 1024-4096 centroids once a throughput-mode encode has built them: overhead, not payload)
     for (const Tensor* t : {&held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_,
                             &dec_best_, &dec_code_, &dec_count_, &snap_})
       if (t->defined()) n += t->nbytes();
@@ -1240,6 +1251,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     if (cb_fmt() == 2) o << "; fused_sdpa scores int8 keys";
     if (cb_fmt() == 3) o << "; fused_sdpa scores int8 keys and reads int8 values";
     if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
+    for (const auto& [side, gr] : {std::pair<const char*, const cuda::DeviceEncodeGrid*>{"key", &k_grid_}, {"value", &v_grid_}})
+      if (gr->host)
+        o << "; " << side << " encoder grid " << gr->host->g << "^4 cells (" << gr->nbytes() / 1024 << " KB)";
     return o.str();
   }
 
@@ -1377,10 +1391,15 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
       v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
     }
-    // candidate grids of sub_dim-4 codebooks (<= 256 centroids): the bulk encoder re-ranks a
-    // cell's few candidates instead of scanning the codebook (src/core/pq_grid.h)
-    k_grid_ = cuda::upload_encode_grid(kp.codebook.data(), kp.n_centroids, kp.sub_dim, device_);
-    v_grid_ = cuda::upload_encode_grid(vp.codebook.data(), vp.n_centroids, vp.sub_dim, device_);
+    // candidate grids of sub_dim-4 codebooks: the bulk encoder re-ranks a cell's few candidates
+    // instead of scanning the codebook (src/core/pq_grid.h). Codebooks of <= 256 centroids get
+    // theirs here (host build, ~35 ms, ~124 KB, shared between caches of one codebook); larger
+    // ones (up to 4096: 0.7-1.4 MB) built on the device once the cache's throughput-mode encodes
+    // reach cuda::grid_build_after() token-heads (ensure_grids), so a cache that only decodes, or
+    // prefills little, never holds one
+    if (kp.n_centroids <= 256) k_grid_ = cuda::upload_encode_grid(kp.codebook.data(), kp.n_centroids, kp.sub_dim, device_);
+    if (vp.n_centroids <= 256) v_grid_ = cuda::upload_encode_grid(vp.codebook.data(), vp.n_centroids, vp.sub_dim, device_);
+    grids_tried_ = kp.n_centroids <= 256 && vp.n_centroids <= 256;
     k_cmax_ = v_cmax_ = 0.0f;
     for (float x : kp.centroid_norms) k_cmax_ = std::max(k_cmax_, std::sqrt(x));
     for (float x : vp.centroid_norms) v_cmax_ = std::max(v_cmax_, std::sqrt(x));
@@ -1600,6 +1619,21 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     cuda::encode_launch(e, decode_mode, stream_);
   }
 
+  /// The candidate grids of codebooks of more than 256 centroids, built on the device once
+  /// (update() decides when; not while the stream is being captured: that encode scans).
+  /// The build (synchronous, 9-46 ms) happens before the call changes anything, so a failure
+  /// leaves the cache as it was.
+  void ensure_grids() {
+    if (grids_tried_ || capturing()) return;
+    cuda::DeviceEncodeGrid kg = k_grid_, vg = v_grid_;
+    if (!kg.host && key_pq_.n_centroids > 256)
+      kg = cuda::build_encode_grid_on_device(key_pq_.codebook.data(), key_pq_.n_centroids, key_pq_.sub_dim, device_);
+    if (!vg.host && value_pq_.n_centroids > 256)
+      vg = cuda::build_encode_grid_on_device(value_pq_.codebook.data(), value_pq_.n_centroids, value_pq_.sub_dim, device_);
+    k_grid_ = std::move(kg), v_grid_ = std::move(vg);
+    grids_tried_ = true;
+  }
+
   /// The latency-mode encode of `sides` of e on side stream `sd`, after the work the cache's
   /// stream had queued when ev_fork_ was recorded (the caller records it), and joined back: the
   /// cache's stream waits for it through `join` before anything queued after this call.
@@ -1681,6 +1715,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(dec_jobs_, o.dec_jobs_);
     std::swap(k_grid_, o.k_grid_);
     std::swap(v_grid_, o.v_grid_);
+    std::swap(grids_tried_, o.grids_tried_);
+    std::swap(bulk_th_, o.bulk_th_);
     Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
                       &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
     Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
@@ -1699,6 +1735,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
   /// candidate grids of the codebooks (counted in nbytes, not in codebook_bytes; null pointers: none)
   cuda::DeviceEncodeGrid k_grid_, v_grid_;
+  bool grids_tried_ = false;  ///< every codebook's grid built (or found impossible)
+  int64_t bulk_th_ = 0;       ///< token-heads encoded in throughput mode (when to build the grids)
   /// The codebooks fused_sdpa reads (AttnConfigKey::cb_fmt: 0 fp16, 1 E4M3, 2 int8 keys; coded modes).
   int cb_fmt_ = 0;
   int cb_fmt() const { return cb_fmt_; }

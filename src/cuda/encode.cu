@@ -511,11 +511,12 @@ __device__ __forceinline__ Pos pos_after(Pos q, int tt, int n_kv_heads, int n) {
   return q;
 }
 
-//  * GRID (sub_dim 4, <= 256 centroids, EncodeParams::k_grid / v_grid set): no scan. The
+//  * GRID (sub_dim 4, <= 4096 centroids, EncodeParams::k_grid / v_grid set): no scan. The
 //    sub-vector's cell of the codebook's candidate grid (src/core/pq_grid.h) lists every centroid
-//    that can be the oracle's answer for it; the lane re-ranks that list (~10 of 256 on Gaussian
-//    data) with the oracle's own arithmetic, ascending with strict <, so the code is the oracle's.
-//    Points without a cell (outside the grid's far box) scan the whole codebook with the oracle.
+//    that can be the oracle's answer for it; the lane re-ranks that list (~10 of 256, ~30 of 4096
+//    on Gaussian data) with the oracle's own arithmetic, ascending with strict <, so the code is
+//    the oracle's. Points without a cell (outside the grid's far box) or in a cell without a list
+//    scan the whole codebook with the oracle.
 //    The parameters are __grid_constant__ so the grid can be read in place (a reference into an
 //    ordinary kernel parameter makes a local copy of the whole struct: 156 bytes of spills).
 template <int D, int SD, int SPL, bool GRID = false>
@@ -673,13 +674,26 @@ __global__ void __launch_bounds__(256, (SPL * SD <= 16 && D <= 128) ? 4 : (SPL *
             cell = cell * gd.g + min(max(t, 0), gd.g - 1);
           }
           float bst = INFINITY;
-          if (in) {
-            const uint32_t cw = __ldg(gd.cells + cell), first = cw >> 9, cnt = cw & 511u;
+          // the cell's word; count 0: a cell without a list (it would hold > 511 candidates)
+          const uint32_t cw = in ? __ldg(gd.cells + cell) : 0u, first = cw >> 9, cnt = cw & 511u;
+          if (cnt != 0 && !gd.wide) {  // 8-bit indices, 4 per word
             for (uint32_t i = 0; i < cnt; i += 4) {
               const uint32_t w = __ldg(gd.lists + first + i / 4);
 #pragma unroll
               for (int q = 0; q < 4; ++q) {  // a run's padding repeats its last index: no effect
                 const int c = int((w >> (8 * q)) & 255u);
+                float v[SD];
+                load_centroid<SD>(s_cb2, c, v);
+                const float e = oracle_dist<SD>(x[s], v);
+                if (e < bst) bst = e, code = c;
+              }
+            }
+          } else if (cnt != 0) {  // 16-bit indices (codebooks of > 256 centroids), 2 per word
+            for (uint32_t i = 0; i < cnt; i += 2) {
+              const uint32_t w = __ldg(gd.lists + first + i / 2);
+#pragma unroll
+              for (int q = 0; q < 2; ++q) {
+                const int c = int((w >> (16 * q)) & 0xFFFFu);
                 float v[SD];
                 load_centroid<SD>(s_cb2, c, v);
                 const float e = oracle_dist<SD>(x[s], v);
@@ -1113,15 +1127,17 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
   constexpr int kSplBulk = 4;  // sub-vectors per lane (8 measured slower: run 2)
   const int bits = p.k_sub == SD ? p.k_bits : p.v_bits;
-  // decode steps keep the split scan: the grid kernel (one warp per token group) took 17.3 us
-  // for 64 token-heads against its 11.5 us, and the graph step 65.6 against 53.1 (run 47)
+  // every asked side of this sub_dim has a candidate grid (a side without one would scan its
+  // whole codebook with the oracle in the grid kernel)
+  const bool grids = SD == 4 && (p.k_sub != SD || !(p.sides & 1) || p.k_grid.cells) &&
+                     (p.v_sub != SD || !(p.sides & 2) || p.v_grid.cells);
+  // decode steps keep the split scan: the grid kernel (one warp per token group, a dependent
+  // global load per candidate word) took 17.3 us for 64 token-heads against its 11.5 us for
+  // d4b8, and the graph step 65.6 against 53.1 (run 47); for d4b12 34.8 against 22.1 us, the
+  // defaults' graph step 69.4 against 62.7 and the eager pair 100.6 against 64.4 (run 103)
   if (decode_mode && (1 << bits) >= 64) return encode_t<D, SD, kSplDec, 8>(p, s);
-  if constexpr (SD == 4) {
-    // the grid kernel when every side of this sub_dim has a grid (a side without one would scan
-    // its whole codebook with the oracle there)
-    const bool grid = (p.k_sub != SD || p.k_grid.cells) && (p.v_sub != SD || p.v_grid.cells);
-    if (grid && p.bulk_variant == 1) return encode_bulk_t<D, SD, kSplBulk, true>(p, s);
-  }
+  if constexpr (SD == 4)
+    if (grids && p.bulk_variant == 1) return encode_bulk_t<D, SD, kSplBulk, true>(p, s);
   if (p.bulk_variant == 1 && (1 << bits) <= 256)
     encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
   else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)

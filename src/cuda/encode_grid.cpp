@@ -8,9 +8,16 @@
 namespace veloxquant::cuda {
 
 DeviceEncodeGrid upload_encode_grid(const float* codebook, int n_centroids, int sub_dim, Device device) {
+  return upload_encode_grid(detail::shared_candidate_grid(codebook, n_centroids, sub_dim), device);
+}
+
+DeviceEncodeGrid upload_encode_grid(std::shared_ptr<const detail::CandidateGrid> grid, Device device) {
   DeviceEncodeGrid d;
-  d.host = detail::shared_candidate_grid(codebook, n_centroids, sub_dim);
-  if (!d.host) return d;
+  d.host = std::move(grid);
+  if (!d.host || d.host->g == 0) {
+    d.host = nullptr;
+    return d;
+  }
   const detail::CandidateGrid& g = *d.host;
   d.cells = Tensor::empty({int64_t(g.cells.size())}, DType::U32, device);
   d.lists = Tensor::empty({int64_t(std::max<size_t>(g.lists.size(), 1))}, DType::U32, device);
@@ -19,6 +26,7 @@ DeviceEncodeGrid upload_encode_grid(const float* codebook, int n_centroids, int 
   d.view.cells = d.cells.ptr<uint32_t>();
   d.view.lists = d.lists.ptr<uint32_t>();
   d.view.g = g.g;
+  d.view.wide = g.index_bits == 16 ? 1 : 0;
   for (int j = 0; j < 4; ++j)
     d.view.lo[j] = g.lo[j], d.view.inv_w[j] = g.inv_w[j], d.view.far_lo[j] = g.far_lo[j], d.view.far_hi[j] = g.far_hi[j];
   return d;

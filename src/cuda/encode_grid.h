@@ -20,7 +20,18 @@ struct DeviceEncodeGrid {
 
 /// The grid the encoders use for a codebook [n_centroids, sub_dim] (detail::shared_candidate_grid:
 /// built once per distinct codebook), uploaded to `device`. view.cells is null where the codebook
-/// has none (sub_dim 8, more than 256 centroids, non-finite values): the encoder then scans.
+/// has none (sub_dim 8, more than 4096 centroids, non-finite values): the encoder then scans.
 DeviceEncodeGrid upload_encode_grid(const float* codebook, int n_centroids, int sub_dim, Device device);
+
+/// A given grid (e.g. one built with another cell count) uploaded to `device`; none for a null
+/// grid or one with g = 0.
+DeviceEncodeGrid upload_encode_grid(std::shared_ptr<const detail::CandidateGrid> grid, Device device);
+
+/// The grid of a codebook of more than 256 centroids (16-bit lists, g = default_grid_cells),
+/// built on `device` itself (src/cuda/encode_grid_build.cu: 46 ms for 4096 centroids on the H200
+/// where the host build takes 0.2-1 s) and downloaded into `host` too. The lists are complete but need not equal the host
+/// build's. None for codebooks of <= 256 centroids (upload_encode_grid builds those) and where
+/// build_candidate_grid gives none. Synchronous (the legacy default stream).
+DeviceEncodeGrid build_encode_grid_on_device(const float* codebook, int n_centroids, int sub_dim, Device device);
 
 }  // namespace veloxquant::cuda

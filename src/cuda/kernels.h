@@ -189,9 +189,10 @@ int plan_splits(int segments, int64_t typical_len, int n_sms, int blocks_per_sm,
 /// Candidate grid of a sub_dim-4 codebook of <= 256 centroids (src/core/pq_grid.h), on the
 /// device: the bulk encoder re-ranks a sub-vector's cell list instead of scanning the codebook.
 struct EncodeGrid {
-  const uint32_t* cells = nullptr;  ///< g^4 words: (first list word << 9) | count; null: no grid
-  const uint32_t* lists = nullptr;  ///< candidate indices, 4 per word
+  const uint32_t* cells = nullptr;  ///< g^4 words: (first list word << 9) | count (0: scan); null: no grid
+  const uint32_t* lists = nullptr;  ///< candidate indices, 4 per word (8-bit) or 2 (16-bit: `wide`)
   int g = 0;
+  int wide = 0;  ///< 16-bit indices (codebooks of > 256 centroids)
   float lo[4] = {}, inv_w[4] = {}, far_lo[4] = {}, far_hi[4] = {};
 };
 
@@ -254,7 +255,9 @@ struct EncodeParams {
 constexpr int kEncDecSlices = 8;
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
-/// split the codebook scan (latency), else one warp per token group (throughput).
+/// split the codebook scan (latency), else one warp per token group (throughput); in throughput
+/// mode sub_dim-4 codebooks with a candidate grid (EncodeParams::k_grid / v_grid) take the grid
+/// kernel.
 void encode_launch(const EncodeParams& p, bool decode_mode, void* stream);
 
 /// Standard/Stash eviction: the tokens leaving the window on an append of n_new tokens,
@@ -301,15 +304,28 @@ bool overlapped_step_allowed();
 /// overlapped step: update() of few token-heads and the serial step.
 bool set_overlap_two_launches(bool allowed);
 bool overlap_two_launches();
+/// A VecInfer cache builds the candidate grid of a sub_dim-4 codebook of more than 256 centroids
+/// (on the device, build_encode_grid_on_device) before the throughput-mode update() that brings
+/// its throughput-mode encodes to this many token-heads; before that they scan the codebook.
+/// Default 2^20 (131072 tokens of 8 kv heads): the build (run 105, H200: 46 ms for 4096
+/// centroids, 9 ms for 1024) costs what scanning costs over 1.4 M (d4b12: 25 against 147 M
+/// token-heads/s with the grid) and 1.1 M token-heads (d4b10: 88 against 310 M/s), so waiting
+/// that long before building keeps a cache within ~2x of the better choice in hindsight
+/// whatever it goes on to encode. 0: at the first throughput-mode update. Process-wide; returns
+/// the previous value (tests, benchmarks).
+int64_t set_grid_build_after(int64_t token_heads);
+int64_t grid_build_after();
 void note_overlapped_step();
 long long overlapped_steps();
 /// update() of at most this many token-heads (batch·n_kv_heads·n) encodes in latency mode
 /// (encode_launch's decode_mode, codebook slices over several blocks), larger ones in
-/// throughput mode; caches with a codebook of more than 256 centroids use 4x this. Default 256;
+/// throughput mode; caches with a codebook of more than 256 centroids and no candidate grid
+/// (sub_dim 8: d8b12) use 4x this. Default 256;
 /// returns the previous value (A/B benchmarks, tests). Run 98 (bench_decode_cuda's update
 /// table, one token, 8 kv heads, int8 keys): d4b8 latency mode 15.9 / 19.6 / 27.0 us at 8 / 256 /
-/// 512 token-heads against 20.9 / 23.2 / 23.7 in throughput mode; the defaults d4b12/d8b8 191 vs
-/// 231 us at 1024 and 357 vs 332 at 2048.
+/// 512 token-heads against 20.9 / 23.2 / 23.7 in throughput mode; the defaults d4b12/d8b8 with
+/// the key codebook scanned 191 vs 231 us at 1024 and 357 vs 332 at 2048; run 103, with its
+/// candidate grid: 59.8 vs 94.3 us at 256, 103.7 vs 86.2 at 512.
 int set_update_decode_max(int token_heads);
 int update_decode_max();
 /// The first launch of an overlapped decode step (MemoryBound caches whose window holds the

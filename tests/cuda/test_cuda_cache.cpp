@@ -952,6 +952,10 @@ TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(61);
   ASSERT_GE(cuda::update_decode_max(), 64) << "the default should send decode-sized updates to the latency mode";
+  struct BuildAfter {  // grids of > 256-centroid codebooks at the first throughput-mode update
+    int64_t prev = cuda::set_grid_build_after(0);
+    ~BuildAfter() { cuda::set_grid_build_after(prev); }
+  } build_after;
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}, Spec{8, 12, 8, 12}})
     for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Standard}) {
       if (!compiled(s, 128)) continue;  // (the cache needs its attention kernel: d8b12 in VQ_CUDA_ALL_CONFIGS builds)
@@ -968,9 +972,29 @@ TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
         cuda::set_update_decode_max(prev);
       }
       expect_same_state(*lat, *thr, what);
+      // the throughput-mode cache built the candidate grid of its 4096-centroid d4 key codebook
+      // on its first bulk update (the grid kernel wrote its codes); the latency-mode one never
+      // encoded in bulk, so it holds none (codebooks of <= 256 centroids: both from construction)
+      const bool big_d4 = s.ks == 4 && s.kb > 8;
+      EXPECT_EQ(thr->describe().find("key encoder grid") != std::string::npos, s.ks == 4) << thr->describe();
+      EXPECT_EQ(lat->describe().find("key encoder grid") != std::string::npos, s.ks == 4 && !big_d4) << lat->describe();
       EXPECT_FALSE(as_cuda(lat.get())->device_error()) << what;
       std::printf("[cuda update modes] %s: latency- and throughput-mode updates leave equal states\n", what.c_str());
     }
+  // when the grid is built (cuda::grid_build_after): once the throughput-mode updates, the pending
+  // one included, reach the threshold; latency-mode updates do not count
+  cuda::set_grid_build_after(1000);
+  KVCacheConfig c = vq_config(Spec{4, 12, 8, 8}, CacheMode::MemoryBound, 128, 16, 2, rng);
+  auto x = make_cuda(c);
+  auto has_grid = [&] { return x->describe().find("key encoder grid") != std::string::npos; };
+  const int prev = cuda::set_update_decode_max(64);
+  for (const auto& [n, want] : std::vector<std::pair<int64_t, bool>>{{16, false}, {100, false}, {100, false}, {100, true}}) {
+    // 2 x 2 x n token-heads: 64 (latency mode), then 400 at a time (throughput mode: 400, 800, 1200)
+    Tensor k = random_tensor({2, 2, n, 128}, DType::F32, rng, 2.0f), v = random_tensor({2, 2, n, 128}, DType::F16, rng);
+    x->update(to_device(k).view(), to_device(v).view());
+    EXPECT_EQ(has_grid(), want) << "after an update of " << 4 * n << " token-heads: " << x->describe();
+  }
+  cuda::set_update_decode_max(prev);
 }
 
 /// Deferred input checks (CudaKVCache::set_deferred_checks): good updates leave the same bytes

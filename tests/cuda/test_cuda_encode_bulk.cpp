@@ -1,14 +1,18 @@
 // tests/cuda/test_cuda_encode_bulk.cpp — every bulk encode kernel (EncodeParams::bulk_variant
-// 0, 1, 2, and 1 with the codebook's candidate grid) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
+// 0, 1, 2, and 1 with the codebook's candidate grid, host- or device-built) against the CPU pipeline for keys (1/λ scaling + FWHT in the CPU's order, then the
 // CPU encoder) and values (the CPU encoder alone): head_dim 64/128/256, sub_dim 4/8, 8/10/12-bit
 // codebooks, F16/BF16/F32 sources, contiguous and strided rows, a partial last warp job, rows of
 // very different norms. Codes must be bit-identical; the variants must agree with each other.
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <cstdio>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/pq_grid.h"
+#include "core/pq_internal.h"
 #include "cuda_test_util.h"
 #include "veloxquant/pq.h"
 #include "veloxquant/smooth.h"
@@ -104,16 +108,22 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
     e.res_count = lens.ptr<int32_t>();
     e.error_flag = err.ptr<int>();
     e.sides = 3;
-    // variant 3: bulk_variant 1 with the codebook's candidate grid (sub_dim 4, <= 256 centroids)
+    // variant 3: bulk_variant 1 with the codebook's candidate grid (sub_dim 4, <= 4096 centroids)
     const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), pq.n_centroids, c.sub, Device::cuda(0));
-    ASSERT_EQ(dg.view.cells != nullptr, c.sub == 4 && c.bits <= 8) << "which codebooks get a grid";
+    ASSERT_EQ(dg.view.cells != nullptr, c.sub == 4 && c.bits <= 12) << "which codebooks get a grid";
+    ASSERT_EQ(dg.view.wide, dg.view.cells && c.bits > 8 ? 1 : 0) << "16-bit candidate lists for codebooks of > 256 centroids";
+    // variant 4: the same with the grid built on the device (codebooks of > 256 centroids, as the
+    // caches build theirs)
+    const cuda::DeviceEncodeGrid dgd = cuda::build_encode_grid_on_device(pq.codebook.data(), pq.n_centroids, c.sub, Device::cuda(0));
+    ASSERT_EQ(dgd.view.cells != nullptr, c.sub == 4 && c.bits > 8 && c.bits <= 12) << "which codebooks get a device-built grid";
     std::vector<int> variants = {0, 1, 2};
     if (dg.view.cells) variants.push_back(3);
+    if (dgd.view.cells) variants.push_back(4);
     std::vector<std::vector<uint8_t>> got_all;
     for (const int variant : variants) {
       SCOPED_TRACE("bulk_variant " + std::to_string(variant));
-      e.bulk_variant = variant == 3 ? 1 : variant;
-      e.k_grid = e.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
+      e.bulk_variant = variant >= 3 ? 1 : variant;
+      e.k_grid = e.v_grid = variant == 3 ? dg.view : variant == 4 ? dgd.view : cuda::EncodeGrid{};
       ASSERT_EQ(cudaMemset(kc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       ASSERT_EQ(cudaMemset(vc.data(), 0xCD, size_t(rows * rs)), cudaSuccess);
       cuda::encode_launch(e, false, nullptr);
@@ -189,6 +199,130 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
     int flag = -1;
     ASSERT_EQ(cudaMemcpy(&flag, err.data(), 4, cudaMemcpyDeviceToHost), cudaSuccess);
     EXPECT_EQ(flag, 0);
+  }
+}
+
+/// pq_encode_ref's rule for one sub-vector of a sub_dim-4 codebook: ascending scan, strict <,
+/// 0 for a non-finite point.
+int oracle4(const std::vector<float>& cb, const float* x) {
+  for (int j = 0; j < 4; ++j)
+    if (!std::isfinite(x[j])) return 0;
+  const int n = int(cb.size() / 4);
+  int best = 0;
+  float bd = detail::pq_sub_distance_ref(x, cb.data(), 4);
+  for (int c = 1; c < n; ++c) {
+    const float e = detail::pq_sub_distance_ref(x, cb.data() + size_t(c) * 4, 4);
+    if (e < bd) bd = e, best = c;
+  }
+  return best;
+}
+
+/// The grid built on the device (build_encode_grid_on_device, what the caches use for codebooks of
+/// more than 256 centroids), downloaded: every answer through it equals the oracle's, on random,
+/// clustered and all-on-the-hull codebooks and on points built to break it (centroids, midpoints
+/// and their neighbours, cell boundaries, the far box's edges, far and non-finite points); its
+/// lists are about as short as the host build's.
+TEST(CudaEncode, DeviceBuiltGridsAnswerAsTheOracle) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  struct Book {
+    std::string name;
+    std::vector<float> cb;
+  };
+  std::vector<Book> books;
+  for (int bits : {10, 12}) {
+    ProductQuantizer pq(4, {4, bits});
+    pq.set_random_codebook(17 + uint64_t(bits));
+    books.push_back({"gaussian " + std::to_string(1 << bits), pq.codebook});
+  }
+  {  // 256 tight clusters of 16: many near-equal distances
+    std::vector<float> cb;
+    for (int k = 0; k < 256; ++k) {
+      float m[4];
+      for (float& v : m) v = 3.0f * nd(rng);
+      for (int i = 0; i < 16; ++i)
+        for (int j = 0; j < 4; ++j) cb.push_back(m[j] + 0.01f * nd(rng));
+    }
+    books.push_back({"clustered 4096", cb});
+  }
+  {  // every centroid on the hull: corner cells whose lists overflow (they scan)
+    std::vector<float> cb;
+    for (int i = 0; i < 4096; ++i) {
+      float v[4], r = 0;
+      for (float& x : v) x = nd(rng), r += x * x;
+      for (float x : v) cb.push_back(x / std::sqrt(r));
+    }
+    books.push_back({"sphere 4096", cb});
+  }
+  for (const Book& b : books) {
+    SCOPED_TRACE(b.name);
+    const int n = int(b.cb.size() / 4);
+    const cuda::DeviceEncodeGrid d = cuda::build_encode_grid_on_device(b.cb.data(), n, 4, Device::cuda(0));
+    ASSERT_TRUE(d.host && d.view.cells && d.view.wide);
+    const detail::CandidateGrid& grid = *d.host;
+    ASSERT_EQ(grid.g, detail::default_grid_cells(n));
+    ASSERT_EQ(grid.index_bits, 16);
+    const detail::CandidateGrid host = detail::build_candidate_grid(b.cb.data(), n, 4, grid.g);
+    for (int j = 0; j < 4; ++j) {  // the same geometry as the host build
+      EXPECT_EQ(grid.lo[j], host.lo[j]);
+      EXPECT_EQ(grid.inv_w[j], host.inv_w[j]);
+      EXPECT_EQ(grid.far_lo[j], host.far_lo[j]);
+      EXPECT_EQ(grid.far_hi[j], host.far_hi[j]);
+    }
+    std::uniform_int_distribution<int> pick(0, n - 1);
+    float scale = 0;
+    for (float v : b.cb) scale = std::max(scale, std::fabs(v));
+    std::vector<std::array<float, 4>> pts;
+    for (int c = 0; c < n; ++c) pts.push_back({b.cb[4 * c], b.cb[4 * c + 1], b.cb[4 * c + 2], b.cb[4 * c + 3]});
+    for (int i = 0; i < 4000; ++i) {
+      const int a = pick(rng), c = pick(rng);
+      std::array<float, 4> m;
+      for (int j = 0; j < 4; ++j) m[j] = 0.5f * (b.cb[4 * a + j] + b.cb[4 * c + j]);
+      pts.push_back(m);
+      for (int j = 0; j < 4; ++j) m[j] = std::nextafter(m[j], (i & 1) ? INFINITY : -INFINITY);
+      pts.push_back(m);
+    }
+    for (int i = 0; i < 12000; ++i) {
+      std::array<float, 4> x;
+      for (float& v : x) v = scale * ((i % 10 == 0) ? 3.0f : 0.6f) * nd(rng);
+      pts.push_back(x);
+    }
+    for (int i = 0; i < 3000; ++i) {  // on cell boundaries of the f32 index computation
+      std::array<float, 4> x;
+      for (int j = 0; j < 4; ++j) {
+        x[j] = grid.lo[j] + float(std::uniform_int_distribution<int>(0, grid.g)(rng)) / grid.inv_w[j];
+        if (i & 1) x[j] = std::nextafter(x[j], (i & 2) ? INFINITY : -INFINITY);
+      }
+      pts.push_back(x);
+    }
+    for (int j = 0; j < 4; ++j) {  // at and just past the far box
+      std::array<float, 4> x = {grid.lo[0], grid.lo[1], grid.lo[2], grid.lo[3]};
+      x[j] = grid.far_hi[j];
+      pts.push_back(x);
+      x[j] = std::nextafter(grid.far_hi[j], INFINITY);
+      pts.push_back(x);
+      x[j] = grid.far_lo[j];
+      pts.push_back(x);
+    }
+    pts.push_back({NAN, 0, 0, 0});
+    pts.push_back({1e30f, -1e30f, 0, 0});
+    int64_t bad = 0, listed = 0;
+    for (const auto& x : pts) {
+      const int want = oracle4(b.cb, x.data()), got = detail::grid_nearest(grid, b.cb.data(), n, x.data());
+      if (got != want && ++bad <= 5)
+        ADD_FAILURE() << "x = (" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << "): grid " << got << ", oracle "
+                      << want;
+      const int cell = detail::candidate_cell(grid, x.data());
+      listed += cell >= 0 && (grid.cells[size_t(cell)] & 511u) != 0;
+    }
+    EXPECT_EQ(bad, 0) << "of " << pts.size() << " points";
+    EXPECT_GT(listed, int64_t(pts.size()) / 2) << "most points must have a listed cell (the grid path, not the scan)";
+    EXPECT_LE(grid.mean_candidates, 2.0 * host.mean_candidates + 1.0) << "device lists much longer than the host build's";
+    std::printf("[cuda grid build] %-15s g=%d: device lists mean %.1f (max %d, %d scan cells), host build %.1f (max %d, "
+                "%d scan cells); %zu points as the oracle\n",
+                b.name.c_str(), grid.g, grid.mean_candidates, grid.max_candidates, grid.scan_cells, host.mean_candidates,
+                host.max_candidates, host.scan_cells, pts.size());
   }
 }
 

@@ -1,5 +1,5 @@
-// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8-bit codes; the scans and
-// the candidate grid's kernel) against the CPU encoder on inputs built to break it: exact centroids, exact
+// tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8- and 12-bit codes; the
+// scans and the candidate grid's kernel, with 8- and 16-bit candidate lists) against the CPU encoder on inputs built to break it: exact centroids, exact
 // midpoints of two centroids, near-midpoints, duplicated centroids (exact ties), tiny, huge
 // and overflowing sub-vectors, zeros and non-finite entries. Codes must be bit-identical to
 // ProductQuantizer::encode (it caught the GPU's exact re-rank using FMA where the CPU does not).
@@ -23,16 +23,18 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
   for (const uint64_t seed : {uint64_t(0x7C0DE), uint64_t(0x7C0DF)}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    for (int D : {64, 128, 256}) {
-      SCOPED_TRACE("head_dim " + std::to_string(D));
+    for (int D : {64, 128, 256})
+    for (int bits : {8, 12}) {
+      SCOPED_TRACE("head_dim " + std::to_string(D) + ", " + std::to_string(bits) + "-bit codes");
       const int H = 2, n = 301;  // 602 token-heads: the last warp job is partial
-      ProductQuantizer pq(D, {4, 8});
-      pq.set_random_codebook(seed + D, seed & 1 ? 0.05f : 3.0f);
+      const int nc = 1 << bits, tie = bits == 8 ? 200 : 3000;
+      ProductQuantizer pq(D, {4, bits});
+      pq.set_random_codebook(seed + D + uint64_t(bits), seed & 1 ? 0.05f : 3.0f);
       std::vector<float> cb = pq.codebook;
-      for (int j = 0; j < 4; ++j) cb[200 * 4 + j] = cb[5 * 4 + j], cb[77 * 4 + j] = cb[5 * 4 + j];  // exact ties
+      for (int j = 0; j < 4; ++j) cb[tie * 4 + j] = cb[5 * 4 + j], cb[77 * 4 + j] = cb[5 * 4 + j];  // exact ties
       pq.set_codebook(cb);
       std::normal_distribution<float> nd(0.0f, 1.0f);
-      std::uniform_int_distribution<int> pick(0, 255);
+      std::uniform_int_distribution<int> pick(0, nc - 1);
       const float scales[] = {1e-30f, 1e-8f, 1e-3f, 0.05f, 1.0f, 30.0f, 1e4f, 1e15f};
       std::vector<float> x(size_t(H) * n * D);
       int kinds[9] = {};
@@ -62,8 +64,8 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
 
       const int rs = int(pq.code_bytes + 3) / 4 * 4;
       Tensor xd = to_device(Tensor::from_floats(x, {1, H, n, D}, DType::F32));
-      Tensor cbd = to_device(Tensor::from_floats(pq.codebook, {256, 4}, DType::F32));
-      Tensor nrmd = to_device(Tensor::from_floats(pq.centroid_norms, {256}, DType::F32));
+      Tensor cbd = to_device(Tensor::from_floats(pq.codebook, {nc, 4}, DType::F32));
+      Tensor nrmd = to_device(Tensor::from_floats(pq.centroid_norms, {nc}, DType::F32));
       Tensor codes = Tensor::empty({rows * rs}, DType::U8, Device::cuda(0));
       Tensor zeros = Tensor::empty({1}, DType::I32, Device::cuda(0));
       Tensor err = Tensor::empty({1}, DType::I32, Device::cuda(0));
@@ -80,7 +82,7 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.use_hadamard = 0;
       e.k_cb = e.v_cb = cbd.ptr<float>();
       e.k_norms = e.v_norms = nrmd.ptr<float>();
-      e.k_bits = e.v_bits = 8;
+      e.k_bits = e.v_bits = bits;
       e.k_sub = e.v_sub = 4;
       e.k_cmax = e.v_cmax = cmax;
       e.k_codes = e.v_codes = codes.ptr<uint8_t>();
@@ -92,12 +94,17 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       e.error_flag = err.ptr<int>();
       e.sides = 2;  // values: no transform, so the crafted sub-vectors reach the search as they are
       // the candidate grid (variant 3 below): inputs past its far box take the full oracle scan
-      const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), 256, 4, Device::cuda(0));
-      ASSERT_NE(dg.view.cells, nullptr) << "a d4b8 codebook must get a candidate grid";
-      for (const int variant : {0, 1, 2, 3}) {  // every bulk kernel (EncodeParams::bulk_variant; 3: 1 + grid)
+      const cuda::DeviceEncodeGrid dg = cuda::upload_encode_grid(pq.codebook.data(), nc, 4, Device::cuda(0));
+      ASSERT_NE(dg.view.cells, nullptr) << "a sub_dim-4 codebook of <= 4096 centroids must get a candidate grid";
+      ASSERT_EQ(dg.view.wide, bits > 8 ? 1 : 0);
+      // 12 bits: also the grid the caches build on the device (variant 4)
+      const cuda::DeviceEncodeGrid dgd = cuda::build_encode_grid_on_device(pq.codebook.data(), nc, 4, Device::cuda(0));
+      ASSERT_EQ(dgd.view.cells != nullptr, bits > 8);
+      for (const int variant : {0, 1, 2, 3, 4}) {  // every bulk kernel (EncodeParams::bulk_variant; 3, 4: 1 + grid)
+        if (variant == 4 && !dgd.view.cells) continue;
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
-        e.bulk_variant = variant == 3 ? 1 : variant;
-        e.v_grid = variant == 3 ? dg.view : cuda::EncodeGrid{};
+        e.bulk_variant = variant >= 3 ? 1 : variant;
+        e.v_grid = variant == 3 ? dg.view : variant == 4 ? dgd.view : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
         cuda::encode_launch(e, false, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -106,7 +113,7 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
         int64_t bad = 0;
         for (int64_t r = 0; r < rows; ++r)
           for (int m = 0; m < pq.n_sub; ++m) {
-            const uint32_t g = read_code(got.data() + r * rs, m, 8), w = read_code(want.data() + r * pq.code_bytes, m, 8);
+            const uint32_t g = read_code(got.data() + r * rs, m, bits), w = read_code(want.data() + r * pq.code_bytes, m, bits);
             if (g != w && ++bad <= 5)
               ADD_FAILURE() << "row " << r << " sub " << m << ": cuda " << g << ", cpu " << w << ", x = ("
                             << x[size_t(r * D + 4 * m)] << ", " << x[size_t(r * D + 4 * m + 1)] << ", "

@@ -77,6 +77,21 @@ std::vector<Book> codebooks() {
     }
     out.push_back({"duplicates, flat dim", cb});
   }
+  for (int bits : {10, 12}) {  // the 16-bit lists (codebooks of > 256 centroids)
+    ProductQuantizer pq(4, {4, bits});
+    pq.set_random_codebook(7 + uint64_t(bits));
+    out.push_back({bits == 10 ? "gaussian 1024" : "gaussian 4096", pq.codebook});
+  }
+  {  // 4096 centroids on a sphere: every one on the hull, so a coarse grid's outer cells hold
+     // more candidates than a cell word can count (those cells scan)
+    std::vector<float> cb;
+    for (int i = 0; i < 4096; ++i) {
+      float v[4], r = 0;
+      for (float& x : v) x = nd(rng), r += x * x;
+      for (float x : v) cb.push_back(x / std::sqrt(r));
+    }
+    out.push_back({"sphere 4096", cb});
+  }
   for (float scale : {1e-18f, 1e9f}) {
     std::vector<float> cb;
     for (int i = 0; i < 256 * 4; ++i) cb.push_back(scale * ud(rng));
@@ -144,12 +159,15 @@ std::vector<std::array<float, 4>> points(const std::vector<float>& cb, const Can
 
 TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
   int cases = 0;
+  int scan_cells_sphere = 0;
   for (const Book& b : codebooks()) {
     const int n = int(b.cb.size() / 4);
-    for (int g : {2, 5, 8, 10}) {
+    for (int g : n > 256 ? std::vector<int>{2, 7, 16} : std::vector<int>{2, 5, 8, 10}) {
       const CandidateGrid grid = detail::build_candidate_grid(b.cb.data(), n, 4, g);
       ASSERT_EQ(grid.g, g) << b.name;
       ASSERT_EQ(grid.cells.size(), size_t(g) * g * g * g);
+      ASSERT_EQ(grid.index_bits, n > 256 ? 16 : 8) << b.name;
+      if (std::string(b.name) == "sphere 4096") scan_cells_sphere += grid.scan_cells;
       SCOPED_TRACE(std::string(b.name) + " g=" + std::to_string(g));
       int64_t mism = 0, with_cell = 0, cand = 0;
       for (const auto& x : points(b.cb, grid, uint32_t(g * 31 + n))) {
@@ -163,13 +181,16 @@ TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
       }
       EXPECT_EQ(mism, 0);
       EXPECT_GT(with_cell, 0);  // the grid path ran, not only the full scan
-      std::printf("[pq grid] %-22s g=%2d: %zu list words, mean %.1f candidates per cell (max %d), %.1f per "
-                  "point with a cell\n",
-                  b.name, g, grid.lists.size(), grid.mean_candidates, grid.max_candidates,
+      std::printf("[pq grid] %-22s g=%2d: %zu list words, mean %.1f candidates per cell (max %d, %d cells "
+                  "without a list), %.1f per point with a listed cell\n",
+                  b.name, g, grid.lists.size(), grid.mean_candidates, grid.max_candidates, grid.scan_cells,
                   with_cell ? double(cand) / double(with_cell) : 0.0);
     }
   }
   EXPECT_GT(cases, 100000);
+  // the sphere's coarse grids have cells whose lists would overflow the count field: their
+  // points took the full scan above, and answered as the oracle
+  EXPECT_GT(scan_cells_sphere, 0);
 }
 
 TEST(PqGrid, NarrowsTheSearchOnGaussianData) {
@@ -191,6 +212,24 @@ TEST(PqGrid, NarrowsTheSearchOnGaussianData) {
   }
   EXPECT_LT(cand / n, 32.0);  // 1/8 of the codebook (the simulation gave ~12)
   std::printf("[pq grid] N(0,1) codebook and points, g=10: %.1f candidates per point of 256\n", cand / n);
+  // the defaults' d4b12 keys: 4096 centroids at the grid size the encoders use
+  ProductQuantizer big(4, {4, 12});
+  big.set_random_codebook(99 + 12);
+  const auto bg = detail::shared_candidate_grid(big.codebook.data(), 4096, 4);
+  ASSERT_TRUE(bg);
+  ASSERT_EQ(bg->g, detail::default_grid_cells(4096));
+  double cand_big = 0;
+  for (int i = 0; i < n; ++i) {
+    float x[4] = {nd(rng), nd(rng), nd(rng), nd(rng)};
+    const int cell = detail::candidate_cell(*bg, x);
+    ASSERT_GE(cell, 0);
+    const uint32_t cnt = bg->cells[size_t(cell)] & 511u;
+    cand_big += cnt ? cnt : 4096;
+  }
+  EXPECT_LT(cand_big / n, 64.0);  // 1/64 of the codebook (measured ~31)
+  std::printf("[pq grid] N(0,1) codebook and points, g=%d: %.1f candidates per point of 4096 (%zu KB of cells and "
+              "lists)\n",
+              bg->g, cand_big / n, (bg->cells.size() + bg->lists.size()) * 4 / 1024);
 }
 
 TEST(PqGrid, NoGridWhereTheProofDoesNotHold) {
@@ -201,9 +240,10 @@ TEST(PqGrid, NoGridWhereTheProofDoesNotHold) {
   std::vector<float> cb8(16 * 8, 0.5f);
   cb8[3] = 2.0f;
   EXPECT_EQ(detail::build_candidate_grid(cb8.data(), 16, 8, 8).g, 0);  // sub_dim 8
-  std::vector<float> big(512 * 4);
+  std::vector<float> big(8192 * 4);
   for (size_t i = 0; i < big.size(); ++i) big[i] = float(i % 7);
-  EXPECT_EQ(detail::build_candidate_grid(big.data(), 512, 4, 8).g, 0);  // > 256 centroids
+  EXPECT_EQ(detail::build_candidate_grid(big.data(), 8192, 4, 8).g, 0);  // > 4096 centroids
+  EXPECT_EQ(detail::shared_candidate_grid(big.data(), 8192, 4), nullptr);
   std::vector<float> huge(16 * 4, 0.0f);
   huge[0] = 1e20f;
   EXPECT_EQ(detail::build_candidate_grid(huge.data(), 16, 4, 8).g, 0);
