@@ -779,6 +779,19 @@ int main(int argc, char** argv) {
       enc_rows.push_back({nm, rate});
       all_valid &= bad == 0 && same_all && same_dec;
       }
+      // the bulk grid kernel with another grid of this codebook: us per launch, and whether its
+      // codes equal the first variant's
+      auto grid_run = [&](const cuda::EncodeGrid& view, double& us) {
+        e.bulk_variant = 1;
+        e.k_grid = e.v_grid = view;
+        CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
+        cuda::encode_launch(e, false, nullptr);
+        CK(cudaDeviceSynchronize());
+        std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
+        CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
+        us = time_launch(e, false, 8);
+        return all == first_all;
+      };
       // codebooks of > 256 centroids: the grid as the caches build it, on the device (the host
       // build's time is the "built and uploaded" figure above); codes compared with the variants'
       if (grid && pq.n_centroids > 256) {
@@ -790,20 +803,15 @@ int main(int argc, char** argv) {
           ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
         }
         if (dgd.host) {
-          e.bulk_variant = 1;
-          e.k_grid = e.v_grid = dgd.view;
-          CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
-          cuda::encode_launch(e, false, nullptr);
-          CK(cudaDeviceSynchronize());
-          std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
-          CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
-          const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
+          double us = 0;
+          const bool same = grid_run(dgd.view, us);
+          const double rate = double(B) * kKV * n / (us * 1e-6);
           std::printf("encode %s d%db%d grid built on the device: %9.1f us  %7.0f M token-heads/s  (%.1f candidates per "
                       "cell, max %d, %lld KB; built in %.1f ms, first call %.1f ms; all rows %s the first variant's)\n",
                       side == 1 ? "keys" : "values", sub, bits, us, rate / 1e6, dgd.host->mean_candidates,
                       dgd.host->max_candidates, (long long)(dgd.nbytes() / 1024), build_ms[1], build_ms[0],
-                      all == first_all ? "equal" : "DIFFER FROM");
-          all_valid &= all == first_all;
+                      same ? "equal" : "DIFFER FROM");
+          all_valid &= same;
           enc_rows.push_back({std::string(side == 1 ? "keys" : "values") + " d" + std::to_string(sub) + "b" +
                                   std::to_string(bits) + " device-built grid",
                               rate});
@@ -822,19 +830,14 @@ int main(int argc, char** argv) {
           const double build_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
           const cuda::DeviceEncodeGrid dgx = cuda::upload_encode_grid(hg, Device::cuda(0));
           if (!dgx.host) continue;
-          e.bulk_variant = 1;
-          e.k_grid = e.v_grid = dgx.view;
-          CK(cudaMemset(codes, 0xEE, size_t(B) * kKV * n * rs));
-          cuda::encode_launch(e, false, nullptr);
-          CK(cudaDeviceSynchronize());
-          std::vector<uint8_t> all(size_t(B) * kKV * n * rs);
-          CK(cudaMemcpy(all.data(), codes, all.size(), cudaMemcpyDeviceToHost));
-          const double us = time_launch(e, false, 8), rate = double(B) * kKV * n / (us * 1e-6);
+          double us = 0;
+          const bool same = grid_run(dgx.view, us);
+          const double rate = double(B) * kKV * n / (us * 1e-6);
           std::printf("encode %s d%db%d grid g=%d: %9.1f us  %7.0f M token-heads/s  (%.1f candidates per cell, %lld KB, "
                       "built in %.0f ms here; all rows %s the first variant's)\n",
                       side == 1 ? "keys" : "values", sub, bits, g, us, rate / 1e6, hg->mean_candidates,
-                      (long long)(dgx.nbytes() / 1024), build_ms, all == first_all ? "equal" : "DIFFER FROM");
-          all_valid &= all == first_all;
+                      (long long)(dgx.nbytes() / 1024), build_ms, same ? "equal" : "DIFFER FROM");
+          all_valid &= same;
         }
       for (void* ptr : {(void*)x, (void*)codes, (void*)cb, (void*)nrm, (void*)len, (void*)rc, (void*)err}) cudaFree(ptr);
     }

@@ -54,6 +54,19 @@ __device__ __forceinline__ bool beats(const float4* cb, const double (&a)[4], co
   return m > detail::kGridEps + 1e-12 * size;
 }
 
+/// The squared distance of centroid c to the centre of box [a, b], in double.
+__device__ __forceinline__ double centre_dist2(const float4* cb, const double (&a)[4], const double (&b)[4], int c) {
+  const float4 f = __ldg(cb + c);
+  const double v[4] = {f.x, f.y, f.z, f.w};
+  double e = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const double t = 0.5 * (a[j] + b[j]) - v[j];
+    e += t * t;
+  }
+  return e;
+}
+
 /// Appends, in ascending index order, every i < m with keep(i) to out (shared) and returns how
 /// many: rounds of kThreads candidates, a warp ballot and a prefix over the block's warps each.
 template <class Keep>
@@ -102,14 +115,7 @@ __global__ void __launch_bounds__(kThreads) grid_build_kernel(const float4* cb, 
   double be = INFINITY;
   int bi = 0x7fffffff;
   for (int c = tid; c < p.n; c += kThreads) {
-    const float4 f = __ldg(cb + c);
-    const double v[4] = {f.x, f.y, f.z, f.w};
-    double e = 0;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const double t = 0.5 * (a[j] + b[j]) - v[j];
-      e += t * t;
-    }
+    const double e = centre_dist2(cb, a, b, c);
     if (e < be) be = e, bi = c;  // ascending c: a tie keeps the lower index
   }
 #pragma unroll
@@ -136,19 +142,7 @@ __global__ void __launch_bounds__(kThreads) grid_build_kernel(const float4* cb, 
   int P2 = 1;
   while (P2 < S) P2 <<= 1;
   for (int k = tid; k < P2; k += kThreads) {
-    float e = INFINITY;
-    if (k < S) {
-      const float4 f = __ldg(cb + surv[k]);
-      const double v[4] = {f.x, f.y, f.z, f.w};
-      double d2 = 0;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const double t = 0.5 * (a[j] + b[j]) - v[j];
-        d2 += t * t;
-      }
-      e = float(d2);
-    }
-    key[k] = e;
+    key[k] = k < S ? float(centre_dist2(cb, a, b, surv[k])) : INFINITY;
     ord[k] = k < S ? surv[k] : 0;
   }
   __syncthreads();

@@ -11,8 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "core/pq_grid.h"
-#include "core/pq_internal.h"
+#include "common/pq_grid_cases.h"
 #include "cuda_test_util.h"
 #include "veloxquant/pq.h"
 #include "veloxquant/smooth.h"
@@ -202,21 +201,6 @@ TEST(CudaEncode, BulkKernelsMatchTheCpuTransformAndEncoder) {
   }
 }
 
-/// pq_encode_ref's rule for one sub-vector of a sub_dim-4 codebook: ascending scan, strict <,
-/// 0 for a non-finite point.
-int oracle4(const std::vector<float>& cb, const float* x) {
-  for (int j = 0; j < 4; ++j)
-    if (!std::isfinite(x[j])) return 0;
-  const int n = int(cb.size() / 4);
-  int best = 0;
-  float bd = detail::pq_sub_distance_ref(x, cb.data(), 4);
-  for (int c = 1; c < n; ++c) {
-    const float e = detail::pq_sub_distance_ref(x, cb.data() + size_t(c) * 4, 4);
-    if (e < bd) bd = e, best = c;
-  }
-  return best;
-}
-
 /// The grid built on the device (build_encode_grid_on_device, what the caches use for codebooks of
 /// more than 256 centroids), downloaded: every answer through it equals the oracle's, on random,
 /// clustered and all-on-the-hull codebooks and on points built to break it (centroids, midpoints
@@ -270,46 +254,10 @@ TEST(CudaEncode, DeviceBuiltGridsAnswerAsTheOracle) {
       EXPECT_EQ(grid.far_lo[j], host.far_lo[j]);
       EXPECT_EQ(grid.far_hi[j], host.far_hi[j]);
     }
-    std::uniform_int_distribution<int> pick(0, n - 1);
-    float scale = 0;
-    for (float v : b.cb) scale = std::max(scale, std::fabs(v));
-    std::vector<std::array<float, 4>> pts;
-    for (int c = 0; c < n; ++c) pts.push_back({b.cb[4 * c], b.cb[4 * c + 1], b.cb[4 * c + 2], b.cb[4 * c + 3]});
-    for (int i = 0; i < 4000; ++i) {
-      const int a = pick(rng), c = pick(rng);
-      std::array<float, 4> m;
-      for (int j = 0; j < 4; ++j) m[j] = 0.5f * (b.cb[4 * a + j] + b.cb[4 * c + j]);
-      pts.push_back(m);
-      for (int j = 0; j < 4; ++j) m[j] = std::nextafter(m[j], (i & 1) ? INFINITY : -INFINITY);
-      pts.push_back(m);
-    }
-    for (int i = 0; i < 12000; ++i) {
-      std::array<float, 4> x;
-      for (float& v : x) v = scale * ((i % 10 == 0) ? 3.0f : 0.6f) * nd(rng);
-      pts.push_back(x);
-    }
-    for (int i = 0; i < 3000; ++i) {  // on cell boundaries of the f32 index computation
-      std::array<float, 4> x;
-      for (int j = 0; j < 4; ++j) {
-        x[j] = grid.lo[j] + float(std::uniform_int_distribution<int>(0, grid.g)(rng)) / grid.inv_w[j];
-        if (i & 1) x[j] = std::nextafter(x[j], (i & 2) ? INFINITY : -INFINITY);
-      }
-      pts.push_back(x);
-    }
-    for (int j = 0; j < 4; ++j) {  // at and just past the far box
-      std::array<float, 4> x = {grid.lo[0], grid.lo[1], grid.lo[2], grid.lo[3]};
-      x[j] = grid.far_hi[j];
-      pts.push_back(x);
-      x[j] = std::nextafter(grid.far_hi[j], INFINITY);
-      pts.push_back(x);
-      x[j] = grid.far_lo[j];
-      pts.push_back(x);
-    }
-    pts.push_back({NAN, 0, 0, 0});
-    pts.push_back({1e30f, -1e30f, 0, 0});
+    const std::vector<std::array<float, 4>> pts = vq_grid_cases::points(b.cb, grid, uint32_t(n) + 17);
     int64_t bad = 0, listed = 0;
     for (const auto& x : pts) {
-      const int want = oracle4(b.cb, x.data()), got = detail::grid_nearest(grid, b.cb.data(), n, x.data());
+      const int want = vq_grid_cases::oracle(b.cb, x.data()), got = detail::grid_nearest(grid, b.cb.data(), n, x.data());
       if (got != want && ++bad <= 5)
         ADD_FAILURE() << "x = (" << x[0] << ", " << x[1] << ", " << x[2] << ", " << x[3] << "): grid " << got << ", oracle "
                       << want;
