@@ -1507,11 +1507,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // vector reads of rows g (keys) and 2t + e (values) spread over the bank groups (unpadded:
     // 8-way conflicts); a ring too small for padded rows stages them unpadded.
     constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes;
-    constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
     constexpr int kWTRaw = kRing >= 2 * 16 * kRowB ? 16 : kRing >= 2 * 8 * kRowB ? 8 : 0;
-    constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
     constexpr int kWT = kWTRaw;
     if constexpr (kWT > 0) {
+      constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
+      constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
       // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
       // and no d8-value kernel has a ring large enough to stage the window anyway)
       if (!p.win_all && p.window_staged && !(T::kLdsmV && nm)) {
