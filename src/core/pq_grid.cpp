@@ -216,28 +216,45 @@ CandidateGrid build_candidate_grid(const float* cb, int n, int sub_dim, int g) {
       for (int64_t f = f0; f < f1; ++f) b.descend(frontier[size_t(f)], lists[size_t(f)], per_cell);
     });
   }
-  const int per_word = 32 / grid.index_bits;
-  grid.cells.resize(size_t(n_cells));
-  size_t total = 0;
+  std::vector<uint32_t> counts(static_cast<size_t>(n_cells));
+  for (int cell = 0; cell < n_cells; ++cell) counts[size_t(cell)] = uint32_t(per_cell[size_t(cell)].size());
+  const int64_t words = pack_cell_words(counts, grid);
+  if (words < 0) return CandidateGrid{};
+  const uint32_t per_word = 32u / uint32_t(grid.index_bits);
+  grid.lists.assign(size_t(words), 0u);
   for (int cell = 0; cell < n_cells; ++cell) {
     const std::vector<uint16_t>& l = per_cell[size_t(cell)];
-    total += l.size();
-    grid.max_candidates = std::max(grid.max_candidates, int(l.size()));
-    if (l.size() > kMaxCount) {  // too long for the count field: the cell's points scan
-      grid.cells[size_t(cell)] = 0;
+    const uint32_t w = grid.cells[size_t(cell)];
+    if ((w & kMaxCount) == 0) continue;  // a cell without a list
+    for (size_t i = 0; i < l.size(); i += per_word) {
+      uint32_t word = 0;
+      for (size_t q = 0; q < per_word; ++q) word |= uint32_t(l[std::min(i + q, l.size() - 1)]) << (size_t(grid.index_bits) * q);
+      grid.lists[(w >> kCountBits) + i / per_word] = word;
+    }
+  }
+  return grid;
+}
+
+int64_t pack_cell_words(const std::vector<uint32_t>& counts, CandidateGrid& grid) {
+  const uint32_t per_word = 32u / uint32_t(grid.index_bits);
+  grid.cells.assign(counts.size(), 0u);
+  grid.scan_cells = 0;
+  grid.max_candidates = 0;
+  uint64_t words = 0, total = 0;
+  for (size_t cell = 0; cell < counts.size(); ++cell) {
+    const uint32_t k = counts[cell];
+    total += k;
+    grid.max_candidates = std::max(grid.max_candidates, int(k));
+    if (k > kMaxCount) {  // too long for the count field: the cell's points scan
       ++grid.scan_cells;
       continue;
     }
-    if (grid.lists.size() >= (size_t(1) << (32 - kCountBits))) return CandidateGrid{};  // offsets overflow
-    grid.cells[size_t(cell)] = uint32_t(grid.lists.size() << kCountBits) | uint32_t(l.size());
-    for (size_t i = 0; i < l.size(); i += size_t(per_word)) {
-      uint32_t w = 0;
-      for (size_t q = 0; q < size_t(per_word); ++q) w |= uint32_t(l[std::min(i + q, l.size() - 1)]) << (size_t(grid.index_bits) * q);
-      grid.lists.push_back(w);
-    }
+    if (words >= (uint64_t(1) << (32 - kCountBits))) return -1;  // offsets overflow
+    grid.cells[cell] = uint32_t(words << kCountBits) | k;
+    words += (k + per_word - 1) / per_word;
   }
-  grid.mean_candidates = double(total) / n_cells;
-  return grid;
+  grid.mean_candidates = counts.empty() ? 0.0 : double(total) / double(counts.size());
+  return int64_t(words);
 }
 
 std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* cb, int n, int sub_dim) {

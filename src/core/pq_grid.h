@@ -58,6 +58,13 @@ constexpr double kGridDelta = 1e-5, kGridEps = 1e-42;
 constexpr int kGridCountBits = 9;
 constexpr uint32_t kGridMaxCount = (1u << kGridCountBits) - 1;
 
+/// Fills grid.cells from each cell's list length (counts, one per cell) as the encoders read them:
+/// runs packed in cell order, each padded to whole words of grid.index_bits-bit entries; a count
+/// above kGridMaxCount makes a cell without a list (word 0: its points scan). Also fills
+/// scan_cells, max_candidates and mean_candidates. Returns the number of list words, or -1 where
+/// the word offsets would overflow a cell word. Shared by the host and the CUDA builds.
+int64_t pack_cell_words(const std::vector<uint32_t>& counts, CandidateGrid& grid);
+
 /// The grid's geometry for a codebook [n_centroids, 4] with g cells per dimension: fills grid's
 /// g, index_bits, lo, inv_w, far_lo, far_hi (no cells, no lists) and each cell's enlarged box per
 /// dimension and cell index, [blo[j][t], bhi[j][t]] (t < g). False (grid left empty) where

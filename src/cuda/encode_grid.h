@@ -23,6 +23,9 @@ struct DeviceEncodeGrid {
 /// has none (sub_dim 8, more than 4096 centroids, non-finite values): the encoder then scans.
 DeviceEncodeGrid upload_encode_grid(const float* codebook, int n_centroids, int sub_dim, Device device);
 
+/// The kernel's view of d: d.cells / d.lists device pointers and d.host's geometry (d.host set).
+void fill_encode_grid_view(DeviceEncodeGrid& d);
+
 /// A given grid (e.g. one built with another cell count) uploaded to `device`; none for a null
 /// grid or one with g = 0.
 DeviceEncodeGrid upload_encode_grid(std::shared_ptr<const detail::CandidateGrid> grid, Device device);

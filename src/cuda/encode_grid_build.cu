@@ -209,23 +209,9 @@ DeviceEncodeGrid build_encode_grid_on_device(const float* codebook, int n_centro
   VQ_CUDA_CHECK(cudaGetLastError());
   std::vector<uint32_t> count(static_cast<size_t>(n_cells));
   VQ_CUDA_CHECK(cudaMemcpy(count.data(), d.cells.data(), count.size() * 4, cudaMemcpyDeviceToHost));
-  grid->cells.resize(size_t(n_cells));
-  uint64_t words = 0, total = 0;
-  for (int c = 0; c < n_cells; ++c) {
-    const uint32_t k = count[size_t(c)];
-    total += k;
-    grid->max_candidates = std::max(grid->max_candidates, int(k));
-    if (k > detail::kGridMaxCount) {
-      grid->cells[size_t(c)] = 0;
-      ++grid->scan_cells;
-      continue;
-    }
-    if (words >= (uint64_t(1) << (32 - detail::kGridCountBits))) return DeviceEncodeGrid{};  // offsets overflow
-    grid->cells[size_t(c)] = uint32_t(words << detail::kGridCountBits) | k;
-    words += (k + 1) / 2;
-  }
-  grid->mean_candidates = double(total) / n_cells;
-  grid->lists.resize(size_t(std::max<uint64_t>(words, 1)));
+  const int64_t words = detail::pack_cell_words(count, *grid);
+  if (words < 0) return DeviceEncodeGrid{};  // offsets overflow
+  grid->lists.resize(size_t(std::max<int64_t>(words, 1)));
   VQ_CUDA_CHECK(cudaMemcpy(d.cells.data(), grid->cells.data(), grid->cells.size() * 4, cudaMemcpyHostToDevice));
   d.lists = Tensor::empty({int64_t(grid->lists.size())}, DType::U32, device);
   // pass 1: the lists
@@ -234,13 +220,7 @@ DeviceEncodeGrid build_encode_grid_on_device(const float* codebook, int n_centro
   VQ_CUDA_CHECK(cudaGetLastError());
   VQ_CUDA_CHECK(cudaMemcpy(grid->lists.data(), d.lists.data(), grid->lists.size() * 4, cudaMemcpyDeviceToHost));
   d.host = grid;
-  d.view.cells = d.cells.ptr<uint32_t>();
-  d.view.lists = d.lists.ptr<uint32_t>();
-  d.view.g = g;
-  d.view.wide = 1;
-  for (int j = 0; j < 4; ++j)
-    d.view.lo[j] = grid->lo[j], d.view.inv_w[j] = grid->inv_w[j], d.view.far_lo[j] = grid->far_lo[j],
-    d.view.far_hi[j] = grid->far_hi[j];
+  fill_encode_grid_view(d);
   return d;
 }
 
