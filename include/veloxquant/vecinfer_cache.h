@@ -82,6 +82,10 @@
 
 namespace veloxquant {
 
+namespace detail {
+class GridSearch;
+}
+
 /// Everything attention on codes needs, as non-owning views (CPU). Token positions: 0 ..
 /// n_coded−1 come from the codes, n_coded .. n_coded+n_window−1 from the window.
 struct VecInferAttentionInputs {
@@ -222,6 +226,12 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   Tensor ring_keys_;    // [batch, n_kv_heads, residual_length, head_dim] storage_dtype
   Tensor ring_values_;  // [batch, n_kv_heads, residual_length, head_dim] storage_dtype
   std::shared_ptr<ThreadPool> pool_;  // config.thread_pool, or its own
+  // Candidate-grid searches of sub_dim-4 codebooks of > 1024 centroids (src/cpu/pq_grid_search.h):
+  // built once this cache has encoded detail::cpu_grid_build_after() token-heads, then every
+  // encode goes through them (same codes; d4b12 keys ~1.8x faster on one thread).
+  std::shared_ptr<const detail::GridSearch> key_grid_, value_grid_;
+  int64_t encoded_token_heads_ = 0;  // counted towards that threshold
+  bool grids_tried_ = false;
 };
 
 }  // namespace veloxquant

@@ -17,6 +17,7 @@
 
 #include "core/attention_internal.h"
 #include "cpu/cache_common.h"
+#include "cpu/pq_grid_search.h"
 #include "cpu/simd_util.h"
 #include "veloxquant/error.h"
 
@@ -121,7 +122,18 @@ void VecInferKVCache::append(const TensorView& keys, const TensorView& values) {
   if (n_kv_heads_ == 0) fresh = KeyTransform(int(Hkv), int(D), {}, config_.use_hadamard);
   const KeyTransform& tf = n_kv_heads_ > 0 ? transform_ : fresh;
 
-  // (2) encode the new tokens: [B·Hkv, n, code_bytes].
+  // (2) encode the new tokens: [B·Hkv, n, code_bytes]. Codebooks with a candidate grid search
+  // (pq_grid_search.h) get it once this cache has encoded enough token-heads to pay its build;
+  // kept (on the cache) only at the commit.
+  std::shared_ptr<const detail::GridSearch> kgs = key_grid_, vgs = value_grid_;
+  const bool build_grids = !grids_tried_ && (detail::cpu_grid_wanted(key_pq_) || detail::cpu_grid_wanted(value_pq_)) &&
+                           encoded_token_heads_ + nbh * n >= detail::cpu_grid_build_after();
+  if (build_grids) {
+    if (detail::cpu_grid_wanted(key_pq_))
+      kgs = detail::GridSearch::make(key_pq_.codebook.data(), key_pq_.n_centroids, key_pq_.sub_dim);
+    if (detail::cpu_grid_wanted(value_pq_))
+      vgs = detail::GridSearch::make(value_pq_.codebook.data(), value_pq_.n_centroids, value_pq_.sub_dim);
+  }
   std::vector<uint8_t> kc(size_t(nbh * n * kcb)), vc(size_t(nbh * n * vcb));
   pool_->parallel_for(nbh, [&](int64_t bh, int) {
     const int64_t b = bh / Hkv, h = bh % Hkv;
@@ -136,9 +148,11 @@ void VecInferKVCache::append(const TensorView& keys, const TensorView& values) {
                              src.dtype, src.strides[3], D, x + t * D);
       if (w2 == 0) {
         tf.forward_keys(x, n, int(h));
-        key_pq_.encode(x, n, kc.data() + bh * n * kcb, 1);
+        if (kgs) detail::pq_encode_grid(key_pq_, *kgs, x, n, kc.data() + bh * n * kcb);
+        else key_pq_.encode(x, n, kc.data() + bh * n * kcb, 1);
       } else {
-        value_pq_.encode(x, n, vc.data() + bh * n * vcb, 1);
+        if (vgs) detail::pq_encode_grid(value_pq_, *vgs, x, n, vc.data() + bh * n * vcb);
+        else value_pq_.encode(x, n, vc.data() + bh * n * vcb, 1);
       }
     }
   });
@@ -259,6 +273,10 @@ void VecInferKVCache::append(const TensorView& keys, const TensorView& values) {
   config_.n_kv_heads = int(Hkv);
   offset_ = new_off;
   residual_count_ = new_rc;
+  key_grid_ = std::move(kgs);
+  value_grid_ = std::move(vgs);
+  grids_tried_ = grids_tried_ || build_grids;
+  encoded_token_heads_ += nbh * n;
 }
 
 void VecInferKVCache::update(const TensorView& keys, const TensorView& values) {
@@ -379,7 +397,7 @@ double VecInferKVCache::assigned_avg_bits() const {
 }
 
 int64_t VecInferKVCache::nbytes() const {
-  int64_t n = codebook_bytes();
+  int64_t n = codebook_bytes() + (key_grid_ ? key_grid_->nbytes() : 0) + (value_grid_ ? value_grid_->nbytes() : 0);
   for (const Tensor* t : {&keys_, &values_, &key_codes_, &value_codes_, &pending_key_codes_, &pending_value_codes_,
                           &ring_keys_, &ring_values_})
     if (t->defined()) n += t->nbytes();
@@ -394,6 +412,9 @@ std::string VecInferKVCache::describe() const {
     << (transform_.use_smooth ? ", smooth" : "") << (config_.use_hadamard ? " + Hadamard" : ", no Hadamard")
     << " [batch=" << batch_ << ", n_kv_heads=" << n_kv_heads_ << ", head_dim=" << config_.head_dim << "], "
     << offset_ << " tokens (" << residual_count_ << " exact), " << nbytes() << " bytes";
+  if (key_grid_ || value_grid_)
+    o << "; encode through candidate grids (" << (key_grid_ ? "keys" : "") << (key_grid_ && value_grid_ ? ", " : "")
+      << (value_grid_ ? "values" : "") << ")";
   if (random_codebooks_) o << "; RANDOM CODEBOOKS (tests only, not a trained artifact)";
   return o.str();
 }
@@ -680,6 +701,12 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   c.stream = config_.stream;
   config_ = std::move(c);
   mode_ = m;
+  if (kp.codebook != key_pq_.codebook || vp.codebook != value_pq_.codebook) {  // grids of other codebooks
+    key_grid_.reset();
+    value_grid_.reset();
+    grids_tried_ = false;
+    encoded_token_heads_ = 0;
+  }
   key_pq_ = kp;
   value_pq_ = vp;
   transform_ = std::move(tf);

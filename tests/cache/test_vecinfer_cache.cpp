@@ -7,7 +7,10 @@
 // <= 1e-5, the held K̂/V̂ being fp16-rounded, relative error <= 2^-11 per element).
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "cache/cache_test_util.h"
+#include "cpu/pq_grid_search.h"
 #include "veloxquant/error.h"
 #include "veloxquant/fp16_cache.h"
 #include "veloxquant/thread_pool.h"
@@ -430,4 +433,64 @@ TEST(VecInferCache, SharedThreadPoolIsUsedAndGivesIdenticalResults) {
   std::atomic<int> count{0};
   shared->parallel_for(10, [&](int64_t, int) { ++count; });
   EXPECT_EQ(count.load(), 10);
+}
+
+// Codebooks of > 1024 sub_dim-4 centroids (d4b12) encode through a candidate grid
+// (src/cpu/pq_grid_search.h) once the cache has encoded detail::cpu_grid_build_after() token-heads
+// (2^20 by default; 16384 here): the update that reaches it builds the grid and encodes through
+// it, and every state stays byte-equal to a cache that only scans. The grid counts in nbytes and
+// shows in describe(); a restore with other codebooks drops it.
+TEST(VecInferCache, GridEncodesStartAtTheThresholdAndEqualTheScan) {
+  struct Restore {
+    int64_t v;
+    ~Restore() { detail::set_cpu_grid_build_after(v); }
+  } restore{detail::set_cpu_grid_build_after(-1)};
+  ASSERT_EQ(detail::cpu_grid_build_after(), int64_t(1) << 20);
+  const int64_t kAfter = 16384;
+  // one d4b12 codebook for every mode (the same seed): its grid is built once and shared
+  const KVCacheConfig c0 = vq_config(CacheMode::Stash, 64, 8, /*kbits=*/12, 4, /*vbits=*/8, 4);
+  const VecInferKVCache probe(c0);
+  ASSERT_TRUE(detail::cpu_grid_wanted(probe.key_quantizer()));
+  ASSERT_FALSE(detail::cpu_grid_wanted(probe.value_quantizer()));  // 256 centroids: the scan
+  const auto keep = detail::GridSearch::make(probe.key_quantizer().codebook.data(), 4096, 4);
+  ASSERT_TRUE(keep);
+  for (CacheMode mode : {CacheMode::Stash, CacheMode::Standard, CacheMode::MemoryBound}) {
+    SCOPED_TRACE(cache_mode_name(mode));
+    const KVCacheConfig cf = vq_config(mode, 64, 8, 12, 4, 8, 4);
+    VecInferKVCache gridded(cf), scanned(cf);
+    std::mt19937_64 rng(5);
+    auto both = [&](int64_t n) {
+      KV x = random_kv(2, 4, n, 64, DType::F32, false, rng);
+      detail::set_cpu_grid_build_after(kAfter);
+      gridded.update(x.k.view, x.v.view);
+      detail::set_cpu_grid_build_after(std::numeric_limits<int64_t>::max());
+      scanned.update(x.k.view, x.v.view);
+    };
+    both(1024);  // 8192 token-heads: below the threshold
+    EXPECT_EQ(gridded.describe().find("candidate grids"), std::string::npos) << gridded.describe();
+    EXPECT_EQ(gridded.nbytes(), scanned.nbytes());
+    both(1024);  // 16384: this update builds the key grid and encodes through it
+    EXPECT_NE(gridded.describe().find("candidate grids (keys)"), std::string::npos) << gridded.describe();
+    EXPECT_EQ(scanned.describe().find("candidate grids"), std::string::npos);
+    const int64_t grid_bytes = gridded.nbytes() - scanned.nbytes();
+    EXPECT_EQ(grid_bytes, keep->nbytes());  // a 16^4-cell grid (~1.4 MB) and its codebook copies
+    both(37);
+    both(1);
+    Snapshot a = snapshot(gridded), b = snapshot(scanned);
+    EXPECT_EQ(a.nbytes - b.nbytes, grid_bytes);
+    a.nbytes = b.nbytes = 0;
+    EXPECT_EQ(a, b);  // codes, window, counters: byte for byte
+    Tensor4 q = random_tensor4({2, 8, 1, 64}, DType::F16, false, rng);
+    if (mode != CacheMode::Standard)
+      EXPECT_TRUE(bit_equal(sdpa_values(gridded, q.view, SdpaParams{}), sdpa_values(scanned, q.view, SdpaParams{})));
+    // a restore with other codebooks drops the grid (it would answer for the old one)
+    KVCacheConfig cf2 = cf;
+    cf2.seed = 99;
+    VecInferKVCache fresh(cf2);
+    KV y = random_kv(1, 2, 3, 64, DType::F32, false, rng);
+    fresh.update(y.k.view, y.v.view);
+    gridded.restore(fresh.state(), fresh.meta_state());
+    EXPECT_EQ(gridded.describe().find("candidate grids"), std::string::npos) << gridded.describe();
+    EXPECT_EQ(snapshot(gridded), snapshot(fresh));
+  }
 }

@@ -13,6 +13,7 @@
 #include "common/pq_grid_cases.h"
 #include "core/pq_grid.h"
 #include "core/pq_internal.h"
+#include "cpu/pq_grid_search.h"
 #include "veloxquant/calibrate.h"
 #include "veloxquant/pq.h"
 #include "veloxquant/smooth.h"
@@ -92,13 +93,14 @@ std::vector<Book> codebooks() {
 }  // namespace
 
 TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
-  int cases = 0;
+  int cases = 0, isa_runs = 0, grids = 0;
   int scan_cells_sphere = 0;
   for (const Book& b : codebooks()) {
     const int n = int(b.cb.size() / 4);
     for (int g : n > 256 ? std::vector<int>{2, 7, 16} : std::vector<int>{2, 5, 8, 10}) {
       const CandidateGrid grid = detail::build_candidate_grid(b.cb.data(), n, 4, g);
       ASSERT_EQ(grid.g, g) << b.name;
+      ++grids;
       ASSERT_EQ(grid.cells.size(), size_t(g) * g * g * g);
       ASSERT_EQ(grid.index_bits, n > 256 ? 16 : 8) << b.name;
       if (std::string(b.name) == "sphere 4096") scan_cells_sphere += grid.scan_cells;
@@ -115,6 +117,26 @@ TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
       }
       EXPECT_EQ(mism, 0);
       EXPECT_GT(with_cell, 0);  // the grid path ran, not only the full scan
+      // The CPU encoder's search through the same grid (pq_grid_search.cpp), all points in one
+      // call, with every instruction set this CPU has (scalar, AVX2, AVX-512 re-ranks)
+      const auto pts = points(b.cb, grid, uint32_t(g * 31 + n));
+      std::vector<float> flat;
+      for (const auto& x : pts) flat.insert(flat.end(), x.begin(), x.end());
+      const auto gs = detail::GridSearch::from_grid(std::make_shared<CandidateGrid>(grid), b.cb.data(), n);
+      ASSERT_TRUE(gs);
+      for (int isa = 0; isa <= int(detail::grid_isa_supported()); ++isa) {
+        std::vector<int32_t> got(pts.size(), -1);
+        gs->nearest(flat.data(), int64_t(pts.size()), got.data(), detail::GridIsa(isa));
+        int64_t bad = 0;
+        for (size_t i = 0; i < pts.size(); ++i) {
+          const int want = oracle(b.cb, pts[i].data());
+          if (got[i] != want && bad++ < 5)
+            ADD_FAILURE() << "CPU grid search, instruction set " << isa << ", x = (" << pts[i][0] << ", " << pts[i][1]
+                          << ", " << pts[i][2] << ", " << pts[i][3] << "): " << got[i] << ", oracle " << want;
+        }
+        EXPECT_EQ(bad, 0) << "instruction set " << isa;
+        ++isa_runs;
+      }
       std::printf("[pq grid] %-22s g=%2d: %zu list words, mean %.1f candidates per cell (max %d, %d cells "
                   "without a list), %.1f per point with a listed cell\n",
                   b.name, g, grid.lists.size(), grid.mean_candidates, grid.max_candidates, grid.scan_cells,
@@ -122,6 +144,10 @@ TEST(PqGrid, EveryAnswerEqualsTheOracleOnRandomAndAdversarialInputs) {
     }
   }
   EXPECT_GT(cases, 100000);
+  // every grid above, with every re-rank this CPU runs
+  EXPECT_EQ(isa_runs, grids * (1 + int(detail::grid_isa_supported())));
+  std::printf("[pq grid] CPU grid search: best instruction set here %d (0 scalar, 1 AVX2, 2 AVX-512)\n",
+              int(detail::grid_isa_supported()));
   // the sphere's coarse grids have cells whose lists would overflow the count field: their
   // points took the full scan above, and answered as the oracle
   EXPECT_GT(scan_cells_sphere, 0);
