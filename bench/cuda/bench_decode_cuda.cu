@@ -1003,7 +1003,7 @@ int main(int argc, char** argv) {
     auto cache = KVCacheFactory::create(device_cache_config(sc.s, fmt, st));
     auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
     const int L = 131072;
-    cc->reserve(L + 320, 1);
+    cc->reserve(L + 512, 1);
     Tensor kx = Tensor::empty({1, kKV, 8192, kD}, DType::F16, Device::cuda(0));
     grid_fill(static_cast<__half*>(kx.data()), size_t(kx.numel()), 91, 1.0f);
     for (int i = 0; i < L / 8192; ++i) cache->update(kx.view(), kx.view());
@@ -1053,6 +1053,11 @@ int main(int argc, char** argv) {
     const double serial_us = time_step(false, 0);
     step_us = time_step(true, 0);
     const double prio_us = time_step(true, cudaGraphInstantiateFlagUseNodePriority);
+    // what the step's k_new/v_new range check costs (one small launch ahead of the step's
+    // kernels): the same two steps captured without it
+    const bool checks_prev = cuda::set_step_input_checks(false);
+    const double unchecked_us = time_step(true, 0), unchecked_serial_us = time_step(false, 0);
+    cuda::set_step_input_checks(checks_prev);
     // (diagnosis: a split attention launch runs as clusters, whose blocks must be co-resident:
     // the same two steps with the workspace merge instead)
     const bool clusters_prev = cuda::attn_set_cluster_merge(false);
@@ -1099,13 +1104,14 @@ int main(int argc, char** argv) {
                 "%.1f us serial; eager update + fused_sdpa: %.1f us "
                 "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
                 "a pair; with deferred input checks (latency mode) %.1f us, host issue %.1f us (%.2fx over checked), "
-                "%.1f us with two encode launches in series; %lld tokens held, overflow=%d\n",
+                "%.1f us with two encode launches in series; without the step's input check %.1f us overlapped, "
+                "%.1f us serial; %lld tokens held, overflow=%d\n",
                 sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us,
                 sc.s.ks == sc.s.vs || cuda::overlap_two_launches() ? "" : " [two launches: not the default path]",
                 prio_us, serial_us,
                 serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us,
                 host_lat_us, host_bulk_us, eager_def_us, host_def_us, eager_lat_us / eager_def_us, eager_def_serial_us,
-                (long long)cache->offset(), int(cc->device_error()));
+                unchecked_us, unchecked_serial_us, (long long)cache->offset(), int(cc->device_error()));
   }
 
   // ---- update(): the encode mode by token-heads (what cuda::update_decode_max should be) ------

@@ -94,8 +94,18 @@ class CudaKVCache : public KVCache {
   /// device holds: the cache is then exactly as it was before the failed update. Attention
   /// calls queued in between read the cache without the updates that were not applied. Shape
   /// errors, CPU inputs, and an update that fixes the batch and head count (the first one) are
-  /// still checked at the call. decode_step() never range-checks its k_new/v_new, and refuses to
-  /// capture while deferred updates are unverified (call check_inputs() before capturing).
+  /// still checked at the call. decode_step() refuses to capture while deferred updates are
+  /// unverified (call check_inputs() before capturing).
+  ///
+  /// decode_step() checks its k_new/v_new the deferred way whether or not deferred checks are on
+  /// (it never waits, so that it can be captured): one small range-check launch before the
+  /// step's kernels, which write nothing and advance no length when it fails; every later
+  /// update() and decode step (eager or replayed) is then a no-op on the cache too, and their
+  /// attention outputs are unspecified. The ValueError ("a decode step's input check failed",
+  /// naming k_new or v_new) is raised by check_inputs() or the next call that waits for the
+  /// stream (as above; also sync_seq_lens() after graph replays, and an update() with immediate
+  /// checks, which verifies earlier steps first); it resets the host's length mirror to the
+  /// device's, so the cache is exactly as it was before the failed step.
   virtual void set_deferred_checks(bool on) = 0;
   bool deferred_checks() const { return deferred_; }
   /// Waits for the stream and raises the first failed deferred check, if any (see above).

@@ -51,6 +51,7 @@ std::atomic<long long> g_overlapped_steps{0};
 std::atomic<int> g_update_decode_max{256};
 std::atomic<bool> g_overlap_two{true};
 std::atomic<int64_t> g_grid_build_after{int64_t(1) << 20};
+std::atomic<bool> g_step_checks{true};
 }  // namespace
 bool set_overlapped_step(bool allowed) { return g_overlap_allowed.exchange(allowed); }
 bool overlapped_step_allowed() { return g_overlap_allowed.load(); }
@@ -62,6 +63,8 @@ bool set_overlap_two_launches(bool allowed) { return g_overlap_two.exchange(allo
 bool overlap_two_launches() { return g_overlap_two.load(); }
 int64_t set_grid_build_after(int64_t token_heads) { return g_grid_build_after.exchange(token_heads); }
 int64_t grid_build_after() { return g_grid_build_after.load(); }
+bool set_step_input_checks(bool on) { return g_step_checks.exchange(on); }
+bool step_input_checks() { return g_step_checks.load(); }
 }  // namespace cuda
 
 bool cuda_is_available() { return detail::cuda_available(); }
@@ -301,7 +304,7 @@ class CudaCacheBase : public CudaKVCache {
   /// failed update and every later one were no-ops there) and throws ValueError naming the call.
   /// Nothing to do (no wait) when no deferred update is pending.
   void collect_deferred(const char* who) const {
-    if (pending_.empty()) return;
+    if (pending_.empty() && !steps_unverified_) return;
     DeviceGuard g(device_.index);
     VQ_CU(cudaStreamSynchronize(cs(stream_)));
     int32_t bad[2] = {0, 0};
@@ -313,12 +316,21 @@ class CudaCacheBase : public CudaKVCache {
     }
     std::vector<Pending> pend;
     pend.swap(pending_);
+    steps_unverified_ = false;
     if (!bad[0] && !bad[1]) return;
     auto* self = const_cast<CudaCacheBase*>(this);
     clear_check_flags();
-    self->sync_seq_lens();  // (pending_ is empty now: no recursion)
+    self->sync_seq_lens();  // (pending_ is empty and no step unverified now: no recursion)
     const bool keys = bad[0] != 0;
     const int32_t tag = keys ? bad[0] : bad[1];
+    if (tag == kStepTag)
+      VQ_THROW(ValueError, who << ": a decode step's input check failed: its " << (keys ? "k_new" : "v_new")
+                               << " held a non-finite value or one beyond +-" << storage_limit() << " ("
+                               << dtype_name(config_.storage_dtype)
+                               << " storage); that step and every update() and decode step queued after it were "
+                                  "not applied (their attention outputs are unspecified): the cache holds what it "
+                                  "held before it ("
+                               << offset() << " tokens per sequence at most)");
     size_t k = 0;
     while (k + 1 < pend.size() && pend[k].tag != tag) ++k;
     VQ_THROW(ValueError, who << ": a deferred input check failed: the " << (keys ? "keys " : "values ")
@@ -332,10 +344,11 @@ class CudaCacheBase : public CudaKVCache {
 
   /// After a restore replaced everything: pending verdicts are about a state that is gone.
   void discard_deferred() {
-    if (pending_.empty()) return;
+    if (pending_.empty() && !steps_unverified_) return;
     DeviceGuard g(device_.index);
     clear_check_flags();
     pending_.clear();
+    steps_unverified_ = false;
   }
 
   /// The range flags (device words and their host copies) back to zero; waits for the stream.
@@ -443,6 +456,7 @@ class CudaCacheBase : public CudaKVCache {
       p.done_counter = done_.ptr<int>();
       p.n_new = n_new;
       p.advance = (advance && c0 + nq == Q) ? 1 : 0;
+      if (p.advance) p.gate = step_gate();
       fill_attn(p);
       // eager calls: the host mirror of the lengths is exact, so the kernel may start each
       // split's first L2 prefetch before the device lengths arrive (a hint; see AttnParams)
@@ -489,6 +503,9 @@ class CudaCacheBase : public CudaKVCache {
   Checked check_update(const TensorView& keys, const TensorView& values, const char* who) const {
     // a deferred check that already failed is raised now (its words are in host memory; no wait)
     if (host_chk_ && (host_word(0) | host_word(1))) collect_deferred(who);
+    // decode steps since the last verdict: an update that waits for its own check verifies
+    // them first (its check must not find their flags)
+    if (steps_unverified_ && !deferred_) collect_deferred(who);
     check_float4d(keys, "keys", keys.device);
     check_float4d(values, "values", values.device);
     VQ_CHECK_SHAPE(keys.sizes() == values.sizes(),
@@ -606,6 +623,20 @@ class CudaCacheBase : public CudaKVCache {
   int* host_chk_dev_ = nullptr;
   mutable std::vector<Pending> pending_;
   mutable int32_t tag_ = 0;
+  /// decode steps (eager or replayed from a graph) since the last verdict: their range checks
+  /// write kStepTag into the flags, read by the next collect_deferred
+  mutable bool steps_unverified_ = false;
+  static constexpr int32_t kStepTag = -1;
+
+  /// A decode step's k_new/v_new range check: queued (never waited for), gated by an earlier
+  /// failure (which keeps its tag), the step's kernels gated by its flags (step_gate()).
+  void check_step_inputs(const TensorView& k, const TensorView& v) {
+    if (!cuda::step_input_checks()) return;  // (benchmarks' A/B only)
+    cuda::check_range_launch(dev4(k), dev4(v), k.shape[0], k.shape[1], k.shape[2], k.shape[3], storage_limit(),
+                             chk_.ptr<int>(), stream_, kStepTag, chk_.ptr<int>(), host_chk_dev_);
+    steps_unverified_ = true;
+  }
+  const int* step_gate() const { return chk_.ptr<int>(); }
 };
 
 // ------------------------------------------------------------------------------------------
@@ -685,12 +716,13 @@ class CudaFP16Cache final : public CudaCacheBase {
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
     collect_before_step();
+    check_step_inputs(k, v);
     const int n = plan_.q_len;
     const int bf = config_.storage_dtype == DType::BF16;
     cuda::append_rows_launch(dev4(k), int(batch_), n_kv_heads_, n, config_.head_dim, held_k_.data(), bf, capacity_,
-                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
     cuda::append_rows_launch(dev4(v), int(batch_), n_kv_heads_, n, config_.head_dim, held_v_.data(), bf, capacity_,
-                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_);
+                             len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
     run_attention(q, out, params, n, true, true);
     if (!capturing()) for (auto& l : lens_) l += n;
   }
@@ -986,6 +1018,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
     collect_before_step();
+    check_step_inputs(k, v);
     const int n = plan_.q_len;
     if (overlap_ready(n)) {
       // Overlapped step: the new tokens' exact rows go into the window first (and the lengths
@@ -995,6 +1028,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       // branches). The attention launch gets the highest block-dispatch priority, so the encode
       // fills the multiprocessors it leaves free.
       cuda::EncodeParams e = enc_params(dev4(k), dev4(v), n);
+      e.gate = step_gate();  // window rows and the encode beside: nothing written after a failed check
       int32_t* const snap = snap_.ptr<int32_t>();
       cuda::window_rows_launch(e, snap, snap + batch_, stream_);
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
@@ -1009,7 +1043,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
         encode_beside(e, two ? (i == 0 ? 1 : 2) : 3, i == 0 ? side_ : side2_, i == 0 ? ev_join_ : ev_join2_);
       cuda::note_overlapped_step();
     } else {
-      launch_append(dev4(k), dev4(v), n, true);
+      launch_append(dev4(k), dev4(v), n, true, step_gate());
       run_attention(q, out, params, n, true, true);
     }
     if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them

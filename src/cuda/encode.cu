@@ -997,6 +997,7 @@ __global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d
 // row into the window, as the encode kernel writes it (same slot rule, same rounding), and the
 // lengths copied for the step's encode, which runs beside the attention that advances them.
 __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc) {
+  if (gated(p.gate)) return;  // the step's inputs failed their range check: nothing written
   const int D = p.head_dim;
   if (blockIdx.x == 0)
     for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {

@@ -73,6 +73,9 @@ struct AttnParams {
   int advance = 0;  ///< 1: the last block adds n_new to seq_len/res_count (decode step)
   int32_t* seq_len_rw = nullptr;
   int32_t* res_count_rw = nullptr;
+  /// Decode steps' input checks (the range flags, as EncodeParams::gate): when gate[0] | gate[1]
+  /// is set the advance adds nothing (the step's tokens were not appended). Null: no gate.
+  const int* gate = nullptr;
   /// Eager calls, whose host mirror of the lengths is exact: the coded tokens every sequence
   /// holds (hint_ncode) and the split length the kernel will compute from them (hint_chunk,
   /// attn_split_chunk; 0 = no hint). A block then starts the L2 prefetch of its first ring
@@ -229,8 +232,9 @@ struct EncodeParams {
   const int32_t* res_count = nullptr;
   int residual_length = 0;
   int* error_flag = nullptr;  ///< set to 1 when a position does not fit code_cap / win_cap
-  const int* gate = nullptr;  ///< deferred input checks (update() only): when gate[0] | gate[1]
-                              ///< is set (a queued range check failed), the kernel writes nothing
+  const int* gate = nullptr;  ///< input checks (update() with deferred checks, decode steps): when
+                              ///< gate[0] | gate[1] is set (a queued range check failed), the
+                              ///< kernel writes nothing
   int sides = 3;              ///< 1: keys only, 2: values only, 3: both (benchmarks time one side)
   EncodeGrid k_grid, v_grid;  ///< throughput mode, bulk_variant 1: every sub_dim-4 side with a grid
                               ///< takes the grid kernel (same codes, no scan)
@@ -304,6 +308,10 @@ bool overlapped_step_allowed();
 /// overlapped step: update() of few token-heads and the serial step.
 bool set_overlap_two_launches(bool allowed);
 bool overlap_two_launches();
+/// decode_step's range check of k_new/v_new (on by default; off only for the benchmark's
+/// same-run A/B of its cost: an unchecked step stores whatever it is given).
+bool set_step_input_checks(bool on);
+bool step_input_checks();
 /// A VecInfer cache builds the candidate grid of a sub_dim-4 codebook of more than 256 centroids
 /// (on the device, build_encode_grid_on_device) before the throughput-mode update() that brings
 /// its throughput-mode encodes to this many token-heads; before that they scan the codebook.

@@ -1182,5 +1182,130 @@ TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
       << "two encode launches overlapped although not allowed";
 }
 
+
+/// decode_step range-checks k_new/v_new on the device without waiting: a step with a NaN or an
+/// out-of-range value and every later step and update are no-ops on the cache, and the next
+/// verdict (check_inputs, sync_seq_lens after replays, an update with immediate checks) raises
+/// a ValueError naming the step; the cache is then byte-equal to one that never saw the bad
+/// steps, and steps work again. Eager and graph-replayed steps; the overlapped MemoryBound step,
+/// the serial Stash step and the fp16 cache.
+TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(83);
+  std::vector<std::pair<std::string, KVCacheConfig>> cases;
+  for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash})
+    cases.emplace_back(std::string("d4b8 ") + cache_mode_name(mode), vq_config(Spec{4, 8, 4, 8}, mode, 64, 8, 2, rng));
+  KVCacheConfig f;
+  f.kind = CacheKind::FP16;
+  f.head_dim = 64;
+  f.step = 32;
+  f.n_kv_heads = 2;
+  cases.emplace_back("fp16", f);
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  for (const auto& [what, c0] : cases) {
+    SCOPED_TRACE(what);
+    KVCacheConfig c = c0;
+    c.stream = stream;
+    auto ref = make_cuda(c), tst = make_cuda(c);
+    CudaKVCache *rc = as_cuda(ref.get()), *tc = as_cuda(tst.get());
+    const int B = 2, H = 2, G = 2, D = 64;
+    const Tensor k0 = random_tensor({B, H, 20, D}, DType::F32, rng), v0 = random_tensor({B, H, 20, D}, DType::F32, rng);
+    for (KVCache* x : {ref.get(), tst.get()}) x->update(to_device(k0).view(), to_device(v0).view());
+    for (CudaKVCache* x : {rc, tc}) {
+      x->reserve(64);
+      x->plan_decode(H * G, 1, 64);
+    }
+    Tensor dq = to_device(random_tensor({B, H * G, 1, D}, DType::F16, rng));
+    Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+    auto step = [&](CudaKVCache* x, const Tensor& k, const Tensor& v) {
+      const Tensor dk = to_device(k), dv = to_device(v);
+      x->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), SdpaParams{});
+      x->synchronize();  // (dk/dv die here)
+    };
+    auto good = [&] { return random_tensor({B, H, 1, D}, DType::F16, rng); };
+    auto bad = [&](bool nan) {
+      Tensor t = random_tensor({B, H, 1, D}, DType::F32, rng);
+      t.ptr<float>()[D + 5] = nan ? NAN : 1e6f;  // 1e6: beyond fp16 storage
+      return t;
+    };
+    auto raised = [&](const std::function<void()>& verdict) {
+      std::string msg;
+      try {
+        verdict();
+      } catch (const ValueError& e) {
+        msg = e.what();
+      }
+      EXPECT_NE(msg.find("a decode step's input check failed"), std::string::npos) << msg;
+      return msg;
+    };
+    // eager steps: good ones on both, then a bad one and two good ones on tst only
+    for (int i = 0; i < 3; ++i) {
+      const Tensor k = good(), v = good();
+      step(rc, k, v), step(tc, k, v);
+    }
+    expect_same_state(*ref, *tst, what + ", good eager steps");
+    step(tc, bad(true), good());  // raises nothing here: the check is not waited for
+    step(tc, good(), good());
+    step(tc, good(), good());
+    std::string msg = raised([&] { tc->check_inputs(); });
+    EXPECT_NE(msg.find("k_new"), std::string::npos) << msg;
+    EXPECT_EQ(tst->offset(), ref->offset());
+    expect_same_state(*ref, *tst, what + ", after the failed eager step");
+    // an update with immediate checks verifies the steps before it, and is not applied either
+    step(tc, good(), bad(false));
+    msg = raised([&] { tst->update(to_device(good()).view(), to_device(good()).view()); });
+    EXPECT_NE(msg.find("v_new"), std::string::npos) << msg;
+    expect_same_state(*ref, *tst, what + ", after a failed step and an update");
+    // with deferred checks, an update queued after a failed step is gated and the step named
+    tc->set_deferred_checks(true);
+    step(tc, bad(true), good());
+    tst->update(to_device(good()).view(), to_device(good()).view());
+    raised([&] { tc->check_inputs(); });
+    expect_same_state(*ref, *tst, what + ", deferred update after a failed step");
+    tc->set_deferred_checks(false);
+    // graph replays: capture one step on tst, replay good data (eager on ref), then a bad replay
+    Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0)), dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    ASSERT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+    tc->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), SdpaParams{});
+    ASSERT_EQ(cudaStreamEndCapture(stream, &graph), cudaSuccess);
+    ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+    auto replay = [&](const Tensor& k, const Tensor& v) {
+      ASSERT_EQ(cudaMemcpy(dk.data(), k.data(), size_t(k.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(dv.data(), v.data(), size_t(v.nbytes()), cudaMemcpyHostToDevice), cudaSuccess);
+      ASSERT_EQ(cudaGraphLaunch(exec, stream), cudaSuccess);
+      ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+    };
+    for (int i = 0; i < 3; ++i) {
+      const Tensor k = good(), v = good();
+      replay(k, v);
+      step(rc, k, v);
+    }
+    tc->sync_seq_lens();
+    expect_same_state(*ref, *tst, what + ", good replays");
+    Tensor bk = Tensor::empty({B, H, 1, D}, DType::F16);  // fp16 +inf in one key
+    std::memcpy(bk.data(), good().data(), size_t(bk.nbytes()));
+    bk.ptr<uint16_t>()[7] = 0x7C00;
+    replay(bk, good());
+    replay(good(), good());
+    raised([&] { tc->sync_seq_lens(); });
+    expect_same_state(*ref, *tst, what + ", after a failed replay");
+    for (int i = 0; i < 2; ++i) {  // and the graph works again
+      const Tensor k = good(), v = good();
+      replay(k, v);
+      step(rc, k, v);
+    }
+    tc->sync_seq_lens();
+    expect_same_state(*ref, *tst, what + ", replays after the verdict");
+    EXPECT_EQ(tst->offset(), 20 + 3 + 3 + 2);
+    EXPECT_FALSE(tc->device_error());
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  cudaStreamDestroy(stream);
+}
+
 }  // namespace
 }  // namespace vq_cuda_test
