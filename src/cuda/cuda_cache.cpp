@@ -1018,9 +1018,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     DeviceGuard g(device_.index);
     check_step(q, k, v, out);
     collect_before_step();
-    check_step_inputs(k, v);
     const int n = plan_.q_len;
-    if (overlap_ready(n)) {
+    const bool overlapped = overlap_ready(n);
+    if (!overlapped) check_step_inputs(k, v);  // (the overlapped step's window_rows launch checks)
+    if (overlapped) {
       // Overlapped step: the new tokens' exact rows go into the window first (and the lengths
       // into a snapshot); attention, which reads them from there and never reads the new
       // tokens' codes (they are inside the window), then runs beside their encode, which goes
@@ -1030,7 +1031,12 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       cuda::EncodeParams e = enc_params(dev4(k), dev4(v), n);
       e.gate = step_gate();  // window rows and the encode beside: nothing written after a failed check
       int32_t* const snap = snap_.ptr<int32_t>();
-      cuda::window_rows_launch(e, snap, snap + batch_, stream_);
+      cuda::StepCheck chk;
+      if (cuda::step_input_checks()) {
+        chk = {chk_.ptr<int>(), storage_limit(), kStepTag, host_chk_dev_};
+        steps_unverified_ = true;
+      }
+      cuda::window_rows_launch(e, snap, snap + batch_, stream_, chk);
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
       run_attention(q, out, params, n, true, true, prio_hi_);
       e.k_win = e.v_win = nullptr;  // written above

@@ -996,9 +996,36 @@ __global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d
 // The overlapped decode step's first launch (window_rows_launch): every new token-head's exact
 // row into the window, as the encode kernel writes it (same slot rule, same rounding), and the
 // lengths copied for the step's encode, which runs beside the attention that advances them.
-__global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc) {
-  if (gated(p.gate)) return;  // the step's inputs failed their range check: nothing written
+__global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc, StepCheck chk) {
+  if (gated(p.gate)) return;  // an earlier queued range check failed: nothing written
   const int D = p.head_dim;
+  if (chk.flags) {
+    // The step's range check, fused (one block): every element of k_new and v_new read first,
+    // and nothing written when one is non-finite or beyond the storage range; the flags then
+    // gate the step's other kernels (a separate check launch cost the graph-captured step ~3-4 us)
+    const int64_t per = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;
+    int bad_k = 0, bad_v = 0;
+    for (int64_t j = threadIdx.x; j < per; j += blockDim.x) {
+      const int d = int(j % D);
+      const int64_t r = j / D;
+      const int i = int(r % p.n_new);
+      const int64_t bh = r / p.n_new;
+      const int b = int(bh / p.n_kv_heads), h = int(bh % p.n_kv_heads);
+      const float xk = load_f(p.k.data, p.k.dtype, b * p.k.stride[0] + h * p.k.stride[1] + i * p.k.stride[2] + d * p.k.stride[3]);
+      const float xv = load_f(p.v.data, p.v.dtype, b * p.v.stride[0] + h * p.v.stride[1] + i * p.v.stride[2] + d * p.v.stride[3]);
+      bad_k |= !(fabsf(xk) <= chk.limit);
+      bad_v |= !(fabsf(xv) <= chk.limit);
+    }
+    bad_k = __syncthreads_or(bad_k);
+    bad_v = __syncthreads_or(bad_v);
+    if (bad_k | bad_v) {
+      if (threadIdx.x < 2 && (threadIdx.x == 0 ? bad_k : bad_v)) {
+        atomicCAS(chk.flags + threadIdx.x, 0, chk.tag);
+        if (chk.host_flags) reinterpret_cast<volatile int*>(chk.host_flags)[threadIdx.x] = chk.tag;
+      }
+      return;
+    }
+  }
   if (blockIdx.x == 0)
     for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
       snap_len[b] = p.seq_len[b];
@@ -1242,13 +1269,17 @@ void check_range_launch(const DevTensor4& keys, const DevTensor4& values, int64_
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 
-void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream) {
+void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream,
+                        const StepCheck& chk) {
   check_encode_geometry(p);
   VQ_CHECK_VALUE(p.seq_len && snap_len && snap_rc, "CUDA window rows: lengths and their snapshot are required");
+  VQ_CHECK_VALUE(!chk.flags || chk.tag != 0, "CUDA window rows: the range check's tag must be non-zero");
   if (p.batch == 0 || p.n_kv_heads == 0) return;
   const int64_t total = 2 * int64_t(p.batch) * p.n_kv_heads * p.n_new * p.head_dim;
-  const int blocks = int(std::clamp<int64_t>((total + 255) / 256, 1, 1024));
-  window_rows_kernel<<<blocks, 256, 0, as_stream(stream)>>>(p, snap_len, snap_rc);
+  // with the range check: one block, which must see every element before it writes any
+  const int threads = chk.flags ? 1024 : 256;
+  const int blocks = chk.flags ? 1 : int(std::clamp<int64_t>((total + 255) / 256, 1, 1024));
+  window_rows_kernel<<<blocks, threads, 0, as_stream(stream)>>>(p, snap_len, snap_rc, chk);
   VQ_CUDA_CHECK(cudaGetLastError());
 }
 

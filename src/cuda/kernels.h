@@ -341,6 +341,16 @@ int update_decode_max();
 /// encode kernel would) and copies the lengths (p.seq_len, p.res_count) into snap_len and
 /// snap_rc [batch], so that the step's encode, run beside the attention that advances the
 /// lengths, reads the lengths as they were before the step.
-void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream);
+/// decode steps' range check of k_new/v_new fused into window_rows_launch (flags null: none):
+/// an element non-finite or with |x| > limit writes `tag` into flags[0] (keys) / flags[1]
+/// (values) (and host_flags, mapped, if given), and nothing is written.
+struct StepCheck {
+  int* flags = nullptr;
+  float limit = 0.0f;
+  int tag = 0;
+  int* host_flags = nullptr;
+};
+void window_rows_launch(const EncodeParams& p, int32_t* snap_len, int32_t* snap_rc, void* stream,
+                        const StepCheck& chk = {});
 
 }  // namespace veloxquant::cuda
