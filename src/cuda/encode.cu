@@ -996,26 +996,65 @@ __global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d
 // The overlapped decode step's first launch (window_rows_launch): every new token-head's exact
 // row into the window, as the encode kernel writes it (same slot rule, same rounding), and the
 // lengths copied for the step's encode, which runs beside the attention that advances them.
+//
+// With the step's range check (chk.flags), one block: it reads every element of k_new and v_new
+// before it writes any, and writes nothing when one is non-finite or beyond the storage range
+// (the flags then gate the step's other kernels). A thread keeps its first kHold elements per
+// side in registers from the check to the write, so a decode-sized step (batch x 8 heads x 128
+// dims per side, up to 4 per thread of 1024 at batch 4) costs one round trip, as without the
+// check; a separate check launch had cost the graph-captured step ~3-4 us (run 109).
+constexpr int kWinHold = 4;
 __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc, StepCheck chk) {
   if (gated(p.gate)) return;  // an earlier queued range check failed: nothing written
   const int D = p.head_dim;
-  if (chk.flags) {
-    // The step's range check, fused (one block): every element of k_new and v_new read first,
-    // and nothing written when one is non-finite or beyond the storage range; the flags then
-    // gate the step's other kernels (a separate check launch cost the graph-captured step ~3-4 us)
-    const int64_t per = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;
-    int bad_k = 0, bad_v = 0;
-    for (int64_t j = threadIdx.x; j < per; j += blockDim.x) {
-      const int d = int(j % D);
-      const int64_t r = j / D;
-      const int i = int(r % p.n_new);
-      const int64_t bh = r / p.n_new;
-      const int b = int(bh / p.n_kv_heads), h = int(bh % p.n_kv_heads);
-      const float xk = load_f(p.k.data, p.k.dtype, b * p.k.stride[0] + h * p.k.stride[1] + i * p.k.stride[2] + d * p.k.stride[3]);
-      const float xv = load_f(p.v.data, p.v.dtype, b * p.v.stride[0] + h * p.v.stride[1] + i * p.v.stride[2] + d * p.v.stride[3]);
-      bad_k |= !(fabsf(xk) <= chk.limit);
-      bad_v |= !(fabsf(xv) <= chk.limit);
+  const int64_t per_side = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;
+  struct Where {
+    int b, h, i, d;
+    int64_t bh;
+  };
+  auto where = [&](int64_t j) {
+    const int d = int(j % D);
+    const int64_t r = j / D;
+    const int i = int(r % p.n_new);
+    const int64_t bh = r / p.n_new;
+    return Where{int(bh / p.n_kv_heads), int(bh % p.n_kv_heads), i, d, bh};
+  };
+  auto load = [&](bool keys, const Where& w) {
+    const DevTensor4& src = keys ? p.k : p.v;
+    return load_f(src.data, src.dtype, w.b * src.stride[0] + w.h * src.stride[1] + w.i * src.stride[2] + w.d * src.stride[3]);
+  };
+  auto store = [&](bool keys, const Where& w, float v) {
+    void* const win = keys ? p.k_win : p.v_win;
+    if (!win) return;
+    const int L0 = p.seq_len[w.b], pos = L0 + w.i;
+    const int rcn = min(p.residual_length, (p.res_count ? p.res_count[w.b] : 0) + p.n_new);
+    if (pos < L0 + p.n_new - rcn) return;  // not in the window (the caller's plan excludes this)
+    const int64_t slot = p.win_ring ? pos % p.win_cap : pos;
+    if (slot >= p.win_cap) {
+      if (w.d == 0 && p.error_flag) atomicExch(p.error_flag, 1);
+      return;
     }
+    static_cast<uint16_t*>(win)[(w.bh * p.win_cap + slot) * D + w.d] = f_to_store16(v, p.win_bf16);
+  };
+  if (chk.flags) {
+    float hk[kWinHold], hv[kWinHold];
+    int bad_k = 0, bad_v = 0;
+#pragma unroll
+    for (int u = 0; u < kWinHold; ++u) {
+      const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
+      hk[u] = hv[u] = 0.0f;
+      if (j < per_side) {
+        const Where w = where(j);
+        hk[u] = load(true, w), hv[u] = load(false, w);
+      }
+    }
+    for (int64_t j = threadIdx.x + int64_t(kWinHold) * blockDim.x; j < per_side; j += blockDim.x) {
+      const Where w = where(j);
+      bad_k |= !(fabsf(load(true, w)) <= chk.limit);
+      bad_v |= !(fabsf(load(false, w)) <= chk.limit);
+    }
+#pragma unroll
+    for (int u = 0; u < kWinHold; ++u) bad_k |= !(fabsf(hk[u]) <= chk.limit), bad_v |= !(fabsf(hv[u]) <= chk.limit);
     bad_k = __syncthreads_or(bad_k);
     bad_v = __syncthreads_or(bad_v);
     if (bad_k | bad_v) {
@@ -1025,36 +1064,35 @@ __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int3
       }
       return;
     }
+    for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+      snap_len[b] = p.seq_len[b];
+      snap_rc[b] = p.res_count ? p.res_count[b] : 0;
+    }
+#pragma unroll
+    for (int u = 0; u < kWinHold; ++u) {
+      const int64_t j = threadIdx.x + int64_t(u) * blockDim.x;
+      if (j < per_side) {
+        const Where w = where(j);
+        store(true, w, hk[u]), store(false, w, hv[u]);
+      }
+    }
+    for (int64_t j = threadIdx.x + int64_t(kWinHold) * blockDim.x; j < per_side; j += blockDim.x) {
+      const Where w = where(j);
+      store(true, w, load(true, w)), store(false, w, load(false, w));
+    }
+    return;
   }
   if (blockIdx.x == 0)
     for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
       snap_len[b] = p.seq_len[b];
       snap_rc[b] = p.res_count ? p.res_count[b] : 0;
     }
-  const int64_t per_side = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < 2 * per_side;
        idx += int64_t(gridDim.x) * blockDim.x) {
     const bool keys = idx < per_side;
-    const int64_t j = keys ? idx : idx - per_side;
-    const int d = int(j % D);
-    const int64_t r = j / D;
-    const int i = int(r % p.n_new);
-    const int64_t bh = r / p.n_new;
-    const int b = int(bh / p.n_kv_heads), h = int(bh % p.n_kv_heads);
-    void* const win = keys ? p.k_win : p.v_win;
-    if (!win) continue;
     // the input element first: its load and the lengths' are in flight together
-    const DevTensor4& src = keys ? p.k : p.v;
-    const float v = load_f(src.data, src.dtype, b * src.stride[0] + h * src.stride[1] + i * src.stride[2] + d * src.stride[3]);
-    const int L0 = p.seq_len[b], pos = L0 + i;
-    const int rcn = min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
-    if (pos < L0 + p.n_new - rcn) continue;  // not in the window (the caller's plan excludes this)
-    const int64_t slot = p.win_ring ? pos % p.win_cap : pos;
-    if (slot >= p.win_cap) {
-      if (d == 0 && p.error_flag) atomicExch(p.error_flag, 1);
-      continue;
-    }
-    static_cast<uint16_t*>(win)[(bh * p.win_cap + slot) * D + d] = f_to_store16(v, p.win_bf16);
+    const Where w = where(keys ? idx : idx - per_side);
+    store(keys, w, load(keys, w));
   }
 }
 

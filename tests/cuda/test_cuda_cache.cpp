@@ -1261,8 +1261,12 @@ TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
     // with deferred checks, an update queued after a failed step is gated and the step named
     tc->set_deferred_checks(true);
     step(tc, bad(true), good());
-    tst->update(to_device(good()).view(), to_device(good()).view());
-    raised([&] { tc->check_inputs(); });
+    raised([&] {
+      // raised here once the step's failure has reached the host (it has: step() waited for
+      // the stream), else gated and raised by check_inputs()
+      tst->update(to_device(good()).view(), to_device(good()).view());
+      tc->check_inputs();
+    });
     expect_same_state(*ref, *tst, what + ", deferred update after a failed step");
     tc->set_deferred_checks(false);
     // graph replays: capture one step on tst, replay good data (eager on ref), then a bad replay
