@@ -105,7 +105,8 @@ class CudaKVCache : public KVCache {
   /// naming k_new or v_new) is raised by check_inputs() or the next call that waits for the
   /// stream (as above; also sync_seq_lens() after graph replays, and an update() with immediate
   /// checks, which verifies earlier steps first); it resets the host's length mirror to the
-  /// device's, so the cache is exactly as it was before the failed step.
+  /// device's, so the cache is exactly as it was before the failed step. Once a step has been
+  /// captured, its replays may fail at any time: every such call then reads the flags.
   virtual void set_deferred_checks(bool on) = 0;
   bool deferred_checks() const { return deferred_; }
   /// Waits for the stream and raises the first failed deferred check, if any (see above).

@@ -304,7 +304,7 @@ class CudaCacheBase : public CudaKVCache {
   /// failed update and every later one were no-ops there) and throws ValueError naming the call.
   /// Nothing to do (no wait) when no deferred update is pending.
   void collect_deferred(const char* who) const {
-    if (pending_.empty() && !steps_unverified_) return;
+    if (pending_.empty() && !steps_unverified_ && !steps_captured_) return;
     DeviceGuard g(device_.index);
     VQ_CU(cudaStreamSynchronize(cs(stream_)));
     int32_t bad[2] = {0, 0};
@@ -320,7 +320,7 @@ class CudaCacheBase : public CudaKVCache {
     if (!bad[0] && !bad[1]) return;
     auto* self = const_cast<CudaCacheBase*>(this);
     clear_check_flags();
-    self->sync_seq_lens();  // (pending_ is empty and no step unverified now: no recursion)
+    self->sync_seq_lens();  // (nothing pending, flags clear: its own verdict finds nothing)
     const bool keys = bad[0] != 0;
     const int32_t tag = keys ? bad[0] : bad[1];
     if (tag == kStepTag)
@@ -505,7 +505,7 @@ class CudaCacheBase : public CudaKVCache {
     if (host_chk_ && (host_word(0) | host_word(1))) collect_deferred(who);
     // decode steps since the last verdict: an update that waits for its own check verifies
     // them first (its check must not find their flags)
-    if (steps_unverified_ && !deferred_) collect_deferred(who);
+    if ((steps_unverified_ || steps_captured_) && !deferred_) collect_deferred(who);
     check_float4d(keys, "keys", keys.device);
     check_float4d(values, "values", values.device);
     VQ_CHECK_SHAPE(keys.sizes() == values.sizes(),
@@ -626,7 +626,14 @@ class CudaCacheBase : public CudaKVCache {
   /// decode steps (eager or replayed from a graph) since the last verdict: their range checks
   /// write kStepTag into the flags, read by the next collect_deferred
   mutable bool steps_unverified_ = false;
+  /// a decode step was captured: its replays run without a host call, so every verdict reads
+  /// the flags from then on
+  bool steps_captured_ = false;
   static constexpr int32_t kStepTag = -1;
+  void note_step_checked() {
+    steps_unverified_ = true;
+    if (capturing()) steps_captured_ = true;
+  }
 
   /// A decode step's k_new/v_new range check: queued (never waited for), gated by an earlier
   /// failure (which keeps its tag), the step's kernels gated by its flags (step_gate()).
@@ -634,7 +641,7 @@ class CudaCacheBase : public CudaKVCache {
     if (!cuda::step_input_checks()) return;  // (benchmarks' A/B only)
     cuda::check_range_launch(dev4(k), dev4(v), k.shape[0], k.shape[1], k.shape[2], k.shape[3], storage_limit(),
                              chk_.ptr<int>(), stream_, kStepTag, chk_.ptr<int>(), host_chk_dev_);
-    steps_unverified_ = true;
+    note_step_checked();
   }
   const int* step_gate() const { return chk_.ptr<int>(); }
 };
@@ -1034,7 +1041,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       cuda::StepCheck chk;
       if (cuda::step_input_checks()) {
         chk = {chk_.ptr<int>(), storage_limit(), kStepTag, host_chk_dev_};
-        steps_unverified_ = true;
+        note_step_checked();
       }
       cuda::window_rows_launch(e, snap, snap + batch_, stream_, chk);
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
