@@ -109,6 +109,24 @@ float median(std::vector<float> v) {
   return v.empty() ? 0.0f : v[v.size() / 2];
 }
 
+/// Median device us of launch() over `reps` timed runs after `warm` untimed ones, each after an
+/// L2 flush (a memset of flush_bytes at flush; null: L2 kept warm), on the legacy stream.
+template <class F>
+double flushed_median_us(Timer& tm, void* flush, size_t flush_bytes, int warm, int reps, F&& launch) {
+  std::vector<float> t;
+  for (int r = 0; r < warm + reps; ++r) {
+    if (flush) CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+    CK(cudaEventRecord(tm.a));
+    launch();
+    CK(cudaEventRecord(tm.b));
+    CK(cudaEventSynchronize(tm.b));
+    float ms;
+    CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+    if (r >= warm) t.push_back(ms);
+  }
+  return median(t) * 1e3;
+}
+
 struct Spec {
   int ks, kb, vs, vb;
   int fmt = 0;  ///< CodebookFormat: 0 fp16, 1 E4M3 codebooks, 2 int8 keys, 3 int8 keys and values
@@ -384,18 +402,8 @@ int main(int argc, char** argv) {
       int best_blocks = 0;
       for (int per_sm : {1, 2, 4, 8}) {
         const int blocks = prop.multiProcessorCount * per_sm;
-        std::vector<float> t;
-        for (int r = 0; r < 23; ++r) {
-          if (!noflush) CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
-          CK(cudaEventRecord(tm.a));
-          stream_read<<<blocks, 512>>>(buf, n16, nullptr);
-          CK(cudaEventRecord(tm.b));
-          CK(cudaEventSynchronize(tm.b));
-          float ms;
-          CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-          if (r >= 3) t.push_back(ms);
-        }
-        const double us = median(t) * 1e3;
+        const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 3, 20,
+                                            [&] { stream_read<<<blocks, 512>>>(buf, n16, nullptr); });
         if (us < best) best = us, best_blocks = blocks;
       }
       CK(cudaGetLastError());
@@ -549,18 +557,7 @@ int main(int argc, char** argv) {
     }
     const bool ok = worst <= 2e-4;
     all_valid &= ok;
-    std::vector<float> t;
-    for (int r = 0; r < reps + 3; ++r) {
-      if (!noflush) CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
-      CK(cudaEventRecord(tm.a));
-      launch(p);
-      CK(cudaEventRecord(tm.b));
-      CK(cudaEventSynchronize(tm.b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
-      if (r >= 3) t.push_back(ms);
-    }
-    const double us = median(t) * 1e3;
+    const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 3, reps, [&] { launch(p); });
     if (profile && !fp) {
       // One more launch with phase stamps: where a block's time goes (clock64 per phase) and how
       // the blocks spread in time (globaltimer). Cycles become microseconds at the SM clock the

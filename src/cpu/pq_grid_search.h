@@ -5,7 +5,7 @@
 //
 // Where it pays (bench/cpu/bench_encode.cpp): codebooks of many centroids — the defaults' d4b12
 // keys scan 4096 centroids per sub-vector, a grid cell lists a few dozen. The grid costs a
-// one-time host build (detail::build_candidate_grid, 1-2.6 s for 4096 centroids on one core), so
+// one-time host build (detail::build_candidate_grid, 1-3 s for 4096 centroids on this 2-core machine), so
 // the caches switch to it only after enough encodes (cpu_grid_build_after).
 #pragma once
 
@@ -57,11 +57,11 @@ class GridSearch {
 
 /// Whether the CPU caches build a grid search for this quantizer: sub_dim 4 and more than 1024
 /// centroids (d4b12). bench/cpu/bench_encode.cpp on calibrated keys (k-means codebooks,
-/// Student-t data with outlier channels), one thread: d4b12 1.77x the SIMD scan, but d4b10 0.90x
-/// and d4b8 0.74x — their scans are short enough that the grid's gathers lose.
+/// Student-t data with outlier channels), one thread: d4b12 1.77-1.79x the SIMD scan, but d4b10
+/// 0.90-0.94x and d4b8 0.73-0.74x — their scans are short enough that the grid's gathers lose.
 bool cpu_grid_wanted(const ProductQuantizer& pq);
 /// Token-heads a CPU cache encodes with the scan before it builds its grids: 2^20 by default
-/// (the d4b12 build takes ~1-2.6 s on one core, about the scan of 0.3 M token-heads, and the grid
+/// (the d4b12 build takes ~1-3 s here, about the scan of 0.3 M token-heads, and the grid
 /// saves ~45% of each later encode: it has paid for itself by ~0.7 M), or the value set by
 /// set_cpu_grid_build_after (tests; -1 restores the default).
 int64_t cpu_grid_build_after();
