@@ -275,18 +275,6 @@ std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* cb, int 
   return grid;
 }
 
-int candidate_cell(const CandidateGrid& grid, const float* x) {
-  if (grid.g == 0) return -1;
-  int cell = 0;
-  for (int j = 3; j >= 0; --j) {
-    if (!(x[j] >= grid.far_lo[j] && x[j] <= grid.far_hi[j])) return -1;  // also NaN
-    const float u = (x[j] - grid.lo[j]) * grid.inv_w[j];
-    const int t = std::min(std::max(int(std::floor(u)), 0), grid.g - 1);
-    cell = cell * grid.g + t;
-  }
-  return cell;
-}
-
 int grid_nearest(const CandidateGrid& grid, const float* cb, int n, const float* x) {
   for (int j = 0; j < 4; ++j)
     if (!std::isfinite(x[j])) return 0;

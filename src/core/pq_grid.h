@@ -23,6 +23,8 @@
 // coordinate, have no cell and take the full scan.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <vector>
@@ -89,8 +91,19 @@ constexpr int kDefaultGridCells = 10;  ///< g for codebooks of <= 256 centroids
 int default_grid_cells(int n_centroids);
 std::shared_ptr<const CandidateGrid> shared_candidate_grid(const float* codebook, int n_centroids, int sub_dim);
 
-/// The cell of x[4] (−1: no cell), exactly as the CUDA encoder computes it.
-int candidate_cell(const CandidateGrid& grid, const float* x);
+/// The cell of x[4] (−1: no cell: x outside the far box, or NaN), exactly as the CUDA encoder
+/// computes it. Inline: the CPU grid search calls it per point.
+inline int candidate_cell(const CandidateGrid& grid, const float* x) {
+  if (grid.g == 0) return -1;
+  int cell = 0;
+  for (int j = 3; j >= 0; --j) {
+    if (!(x[j] >= grid.far_lo[j] && x[j] <= grid.far_hi[j])) return -1;  // also NaN
+    const float u = (x[j] - grid.lo[j]) * grid.inv_w[j];
+    const int t = std::min(std::max(int(std::floor(u)), 0), grid.g - 1);
+    cell = cell * grid.g + t;
+  }
+  return cell;
+}
 
 /// The encoder's answer for one sub-vector x[4] through the grid: equal to pq_encode_ref's code
 /// (points without a cell take the full oracle scan; a non-finite x gives 0).

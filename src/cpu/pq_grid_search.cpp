@@ -2,20 +2,20 @@
 //
 // Exactness. The re-rank must produce pq_sub_distance_ref's f32 value for every candidate: the
 // four terms (x_j − c_j)² are added in order, each product rounded before its sum. This file is
-// compiled with -ffp-contract=off (CMakeLists.txt), so neither the scalar loop nor the vector
-// intrinsics (GCC lowers them to generic vector arithmetic, which it may otherwise fuse) become
-// FMAs; the oracle's first step 0 + p0 equals p0 exactly (p0 >= +0). Candidates are taken in list
+// compiled with -ffp-contract=off (CMakeLists.txt), so the vector intrinsics (GCC lowers them to
+// generic vector arithmetic, which it may otherwise fuse) never become FMAs; the oracle's first step 0 + p0 equals p0 exactly (p0 >= +0). Candidates are taken in list
 // order (ascending index) and only a strictly smaller distance replaces the best, within a vector
 // chunk by taking the lowest lane among the minima: the oracle's lowest-index tie rule.
 // tests/unit/test_pq_grid.cpp checks the codes against the oracle on points built to break it.
 //
 // Instruction sets. The AVX-512 and AVX2 re-ranks are compiled with target attributes whatever
 // -march says and picked at run time (grid_isa_supported), so a portable build (VQ_NATIVE=OFF)
-// gets them too and the tests run every one this CPU has.
+// gets them too and the tests run every one this CPU has. The portable path is the grid's own
+// scalar search (grid_nearest, which uses pq_sub_distance_ref).
 //
-// Shape. One point at a time: its cell (the same f32 arithmetic as candidate_cell), then its
-// list in chunks of 16 (AVX-512) or 8 (AVX2) candidates: indices widened from the 8- or 16-bit
-// list, the four coordinates gathered from a transposed codebook, the distances, a horizontal
+// Shape. Points in batches of 32 (cells, then cell words, then runs, each prefetched a step
+// ahead), then each point's list in chunks of 16 (AVX-512) or 8 (AVX2) candidates: indices
+// loaded (masked: never past the run) and widened from the 8- or 16-bit list, the four coordinates gathered from a transposed codebook, the distances, a horizontal
 // minimum. A Gaussian d4b12 point sees ~31 candidates: two AVX-512 chunks instead of the SIMD
 // scan's 4096 centroids.
 #include "cpu/pq_grid_search.h"
@@ -42,7 +42,7 @@ namespace veloxquant::detail {
 
 namespace {
 
-constexpr int kLanes = 16;  // the widest chunk; lists_ carries this many zero words past the end
+constexpr int kLanes = 16;  // the widest chunk (the transposed codebook is padded to it)
 
 /// What the grid says of a point: kNonFinite (code 0), kScan (no list: the exact scan) or a run
 /// of `count` candidates to re-rank.
@@ -67,29 +67,16 @@ struct Loop {
 /// misses (~90 ns a point for d4b12 before).
 constexpr int kBatch = 32;
 
-/// Plans points [0, n) of x (n <= kBatch): the cell (candidate_cell's f32 arithmetic, inlined),
-/// then the cell word, then the run.
+/// Plans points [0, n) of x (n <= kBatch): the cell (candidate_cell), then the cell word, then
+/// the run.
 inline void plan_batch(const Loop& L, const float* x, int n, Plan* pl) {
   const CandidateGrid& g = L.g;
   int32_t cell[kBatch];
   for (int i = 0; i < n; ++i) {
     const float* p = x + 4 * i;
-    if (!(std::isfinite(p[0]) && std::isfinite(p[1]) && std::isfinite(p[2]) && std::isfinite(p[3]))) {
-      cell[i] = -2;
-      continue;
-    }
-    int c = 0;
-    for (int j = 3; j >= 0 && c >= 0; --j) {
-      if (!(p[j] >= g.far_lo[j] && p[j] <= g.far_hi[j])) {
-        c = -1;
-        break;
-      }
-      const float u = (p[j] - g.lo[j]) * g.inv_w[j];
-      const int t = std::min(std::max(int(std::floor(u)), 0), g.g - 1);
-      c = c * g.g + t;
-    }
-    cell[i] = c;
-    if (c >= 0) __builtin_prefetch(&g.cells[size_t(c)]);
+    const bool finite = std::isfinite(p[0]) && std::isfinite(p[1]) && std::isfinite(p[2]) && std::isfinite(p[3]);
+    cell[i] = finite ? candidate_cell(g, p) : -2;
+    if (cell[i] >= 0) __builtin_prefetch(&g.cells[size_t(cell[i])]);
   }
   for (int i = 0; i < n; ++i) {
     if (cell[i] < 0) {
@@ -119,29 +106,18 @@ inline void run_points(const Loop& L, const float* x, int64_t n, int32_t* assign
   }
 }
 
-void nearest_scalar(const Loop& L, const float* x, int64_t n, int32_t* assign, std::vector<int64_t>& scan) {
-  run_points(L, x, n, assign, scan, [&](const float* p, const Plan& pl) {
-    int best = 0;
-    float bd = INFINITY;
-    for (uint32_t k = 0; k < pl.count; ++k) {  // list fields are little-endian, lowest bits first
-      const int c = L.wide ? int(reinterpret_cast<const uint16_t*>(pl.run)[k]) : int(pl.run[k]);
-      float acc = 0.0f;  // pq_sub_distance_ref (no contraction in this file)
-      for (int j = 0; j < 4; ++j) {
-        const float t = p[j] - L.cb[size_t(c) * 4 + size_t(j)];
-        const float q = t * t;
-        acc = acc + q;
-      }
-      if (acc < bd) bd = acc, best = c;
-    }
-    return best;
-  });
+/// The portable path: one point at a time through grid_nearest (pq_grid.cpp), the grid's own
+/// scalar search (its points without a list take the oracle's scan there).
+void nearest_scalar(const Loop& L, const float* x, int64_t n, int n_centroids, int32_t* assign) {
+  for (int64_t i = 0; i < n; ++i) assign[i] = grid_nearest(L.g, L.cb, n_centroids, x + 4 * i);
 }
 
 #if VQ_GRID_X86
-/// The AVX-512 re-rank of one point's run: 16 candidates a chunk.
+/// The AVX-512 re-rank of one point's run: 16 candidates a chunk. The indices come in by masked
+/// loads (AVX512BW/VL): nothing past the run is read, so the grid's own lists serve as they are.
 struct RerankAvx512 {
   const Loop& L;
-  __attribute__((target("avx512f"))) int operator()(const float* p, const Plan& pl) const {
+  __attribute__((target("avx512f,avx512bw,avx512vl"))) int operator()(const float* p, const Plan& pl) const {
     const float* const t0 = L.cbt;
     const size_t kp = L.kp;
     const __m512 inf = _mm512_set1_ps(INFINITY);
@@ -150,10 +126,9 @@ struct RerankAvx512 {
     float bd = INFINITY;
     int best = 0;
     for (uint32_t c0 = 0; c0 < pl.count; c0 += 16) {
-      const __m512i idx =
-          L.wide ? _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(pl.run + 2 * c0)))
-                 : _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pl.run + c0)));
       const __mmask16 m = pl.count - c0 >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (pl.count - c0)) - 1u);
+      const __m512i idx = L.wide ? _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, pl.run + 2 * c0))
+                                 : _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, pl.run + c0));
       const __m512 c0v = _mm512_mask_i32gather_ps(inf, m, idx, t0, 4);
       const __m512 c1v = _mm512_mask_i32gather_ps(inf, m, idx, t0 + kp, 4);
       const __m512 c2v = _mm512_mask_i32gather_ps(inf, m, idx, t0 + 2 * kp, 4);
@@ -180,7 +155,8 @@ struct RerankAvx512 {
   }
 };
 
-/// The AVX2 re-rank of one point's run: 8 candidates a chunk.
+/// The AVX2 re-rank of one point's run: 8 candidates a chunk. The indices come in as 32-bit words
+/// by a masked load of the run's words only (runs are whole words).
 struct RerankAvx2 {
   const Loop& L;
   __attribute__((target("avx2"))) int operator()(const float* p, const Plan& pl) const {
@@ -193,9 +169,10 @@ struct RerankAvx2 {
     float bd = INFINITY;
     int best = 0;
     for (uint32_t c0 = 0; c0 < pl.count; c0 += 8) {
-      const __m256i idx =
-          L.wide ? _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(pl.run + 2 * c0)))
-                 : _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(pl.run + c0)));
+      const int per_word = L.wide ? 2 : 4, words_left = int((pl.count - c0 + per_word - 1) / per_word);
+      const __m128i wm = _mm_cmpgt_epi32(_mm_set1_epi32(words_left), _mm_setr_epi32(0, 1, 2, 3));
+      const __m128i w = _mm_maskload_epi32(reinterpret_cast<const int*>(pl.run + (L.wide ? 2 : 1) * c0), wm);
+      const __m256i idx = L.wide ? _mm256_cvtepu16_epi32(w) : _mm256_cvtepu8_epi32(w);
       const __m256 m = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(pl.count - c0)), lane));
       const __m256 c0v = _mm256_mask_i32gather_ps(inf, t0, idx, m, 4);
       const __m256 c1v = _mm256_mask_i32gather_ps(inf, t0 + kp, idx, m, 4);
@@ -231,7 +208,9 @@ struct RerankAvx2 {
 
 GridIsa grid_isa_supported() {
 #if VQ_GRID_X86
-  static const GridIsa isa = __builtin_cpu_supports("avx512f") ? GridIsa::Avx512
+  static const GridIsa isa = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                                     __builtin_cpu_supports("avx512vl")
+                                 ? GridIsa::Avx512
                              : __builtin_cpu_supports("avx2")  ? GridIsa::Avx2
                                                                : GridIsa::Scalar;
   return isa;
@@ -255,19 +234,17 @@ std::shared_ptr<const GridSearch> GridSearch::from_grid(std::shared_ptr<const Ca
   gs->cbt_.assign(size_t(4) * size_t(gs->kp_), 0.0f);
   for (int c = 0; c < n_centroids; ++c)
     for (int j = 0; j < 4; ++j) gs->cbt_[size_t(j) * size_t(gs->kp_) + size_t(c)] = codebook[size_t(c) * 4 + size_t(j)];
-  gs->lists_ = gs->grid_->lists;
-  gs->lists_.resize(gs->lists_.size() + kLanes, 0u);  // 16 words cover a 16-entry load of 8- or 16-bit fields
   return gs;
 }
 
 int64_t GridSearch::nbytes() const {
-  return int64_t(grid_->cells.size() + lists_.size()) * 4 + int64_t(cb_.size() + cbt_.size()) * 4;
+  return int64_t(grid_->cells.size() + grid_->lists.size()) * 4 + int64_t(cb_.size() + cbt_.size()) * 4;
 }
 
 void GridSearch::nearest(const float* x, int64_t n, int32_t* assign, GridIsa isa) const {
   VQ_CHECK_VALUE(int(isa) <= int(grid_isa_supported()),
                  "GridSearch::nearest: instruction set " << int(isa) << " is not supported by this CPU");
-  const Loop L{*grid_, reinterpret_cast<const uint8_t*>(lists_.data()), cb_.data(), cbt_.data(), size_t(kp_),
+  const Loop L{*grid_, reinterpret_cast<const uint8_t*>(grid_->lists.data()), cb_.data(), cbt_.data(), size_t(kp_),
                grid_->index_bits == 16};
   std::vector<int64_t> scan;  // points that take the exact scan
 #if VQ_GRID_X86
@@ -275,9 +252,9 @@ void GridSearch::nearest(const float* x, int64_t n, int32_t* assign, GridIsa isa
   // into the shared batch loop; measured as fast as a loop written out per instruction set)
   if (isa == GridIsa::Avx512) run_points(L, x, n, assign, scan, RerankAvx512{L});
   else if (isa == GridIsa::Avx2) run_points(L, x, n, assign, scan, RerankAvx2{L});
-  else nearest_scalar(L, x, n, assign, scan);
+  else nearest_scalar(L, x, n, n_, assign);
 #else
-  nearest_scalar(L, x, n, assign, scan);
+  nearest_scalar(L, x, n, n_, assign);
 #endif
   // The rest: one exact scan for all of them (detail::nearest_centroids: the oracle's answers).
   if (!scan.empty()) {

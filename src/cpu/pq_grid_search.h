@@ -44,7 +44,8 @@ class GridSearch {
 
   const CandidateGrid& grid() const { return *grid_; }
   int n_centroids() const { return n_; }
-  /// Bytes held: the grid's cells and lists and the codebook copies.
+  /// Bytes held: the grid's cells and lists (shared by the searches of one codebook) and the
+  /// codebook copies.
   int64_t nbytes() const;
 
  private:
@@ -52,7 +53,6 @@ class GridSearch {
   int n_ = 0, kp_ = 0;
   std::vector<float> cb_;         // [n, 4] as given (the exact scan)
   std::vector<float> cbt_;        // [4, kp_]: coordinate j of centroid c at j·kp_ + c (gathers)
-  std::vector<uint32_t> lists_;   // the grid's lists + a zero tail: a 16-entry load past a run stays inside
 };
 
 /// Whether the CPU caches build a grid search for this quantizer: sub_dim 4 and more than 1024

@@ -630,18 +630,23 @@ class CudaCacheBase : public CudaKVCache {
   /// the flags from then on
   bool steps_captured_ = false;
   static constexpr int32_t kStepTag = -1;
-  void note_step_checked() {
+  /// A decode step's k_new/v_new range check, for the launch that runs it: the flags to write
+  /// (empty where cuda::step_input_checks() is off: benchmarks' A/B only); the step is noted as
+  /// unverified (captured: every later verdict reads the flags).
+  cuda::StepCheck step_check() {
+    if (!cuda::step_input_checks()) return {};
     steps_unverified_ = true;
     if (capturing()) steps_captured_ = true;
+    return {chk_.ptr<int>(), storage_limit(), kStepTag, host_chk_dev_};
   }
 
-  /// A decode step's k_new/v_new range check: queued (never waited for), gated by an earlier
-  /// failure (which keeps its tag), the step's kernels gated by its flags (step_gate()).
+  /// The check as a launch of its own: queued (never waited for), gated by an earlier failure
+  /// (which keeps its tag), the step's kernels gated by its flags (step_gate()).
   void check_step_inputs(const TensorView& k, const TensorView& v) {
-    if (!cuda::step_input_checks()) return;  // (benchmarks' A/B only)
-    cuda::check_range_launch(dev4(k), dev4(v), k.shape[0], k.shape[1], k.shape[2], k.shape[3], storage_limit(),
-                             chk_.ptr<int>(), stream_, kStepTag, chk_.ptr<int>(), host_chk_dev_);
-    note_step_checked();
+    const cuda::StepCheck c = step_check();
+    if (c.flags)
+      cuda::check_range_launch(dev4(k), dev4(v), k.shape[0], k.shape[1], k.shape[2], k.shape[3], c.limit, c.flags,
+                               stream_, c.tag, c.flags, c.host_flags);
   }
   const int* step_gate() const { return chk_.ptr<int>(); }
 };
@@ -1038,12 +1043,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       cuda::EncodeParams e = enc_params(dev4(k), dev4(v), n);
       e.gate = step_gate();  // window rows and the encode beside: nothing written after a failed check
       int32_t* const snap = snap_.ptr<int32_t>();
-      cuda::StepCheck chk;
-      if (cuda::step_input_checks()) {
-        chk = {chk_.ptr<int>(), storage_limit(), kStepTag, host_chk_dev_};
-        note_step_checked();
-      }
-      cuda::window_rows_launch(e, snap, snap + batch_, stream_, chk);
+      cuda::window_rows_launch(e, snap, snap + batch_, stream_, step_check());
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
       run_attention(q, out, params, n, true, true, prio_hi_);
       e.k_win = e.v_win = nullptr;  // written above

@@ -60,6 +60,14 @@ struct Side {
 /// Deferred input checks: whether a queued range check failed (EncodeParams::gate), in which
 /// case an update's kernels write nothing.
 __device__ __forceinline__ bool gated(const int* gate) { return gate != nullptr && (gate[0] | gate[1]) != 0; }
+/// The range checks' rule: non-finite or beyond the storage dtype's range.
+__device__ __forceinline__ bool out_of_range(float x, float limit) { return !(fabsf(x) <= limit); }
+/// A range check's failure for side w (0: keys, 1: values): its tag into flags[w] unless an
+/// earlier failure's is there, and (mapped, if given) into the host's copy.
+__device__ __forceinline__ void report_range(int* flags, int* host_flags, int w, int tag) {
+  atomicCAS(flags + w, 0, tag);
+  if (host_flags) reinterpret_cast<volatile int*>(host_flags)[w] = tag;  // every writer writes this tag
+}
 
 __device__ __forceinline__ Side side_of(const EncodeParams& p, bool keys) {
   if (keys) return {p.k_cb, p.k_norms, p.k_bits, p.k_sub, p.k_cmax, p.k_codes, p.k_row_stride, p.k_win, p.k, true};
@@ -986,10 +994,7 @@ __global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d
        idx += int64_t(gridDim.x) * blockDim.x) {
     const int64_t i3 = idx % d3, r2 = idx / d3, i2 = r2 % d2, r1 = r2 / d2, i1 = r1 % d1, i0 = r1 / d1;
     const float x = load_f(t.data, t.dtype, i0 * t.stride[0] + i1 * t.stride[1] + i2 * t.stride[2] + i3 * t.stride[3]);
-    if (!(fabsf(x) <= limit)) {
-      atomicCAS(flags + w, 0, tag);
-      if (host_flags) reinterpret_cast<volatile int*>(host_flags)[w] = tag;  // every writer writes this tag
-    }
+    if (out_of_range(x, limit)) report_range(flags, host_flags, w, tag);
   }
 }
 
@@ -1050,18 +1055,15 @@ __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int3
     }
     for (int64_t j = threadIdx.x + int64_t(kWinHold) * blockDim.x; j < per_side; j += blockDim.x) {
       const Where w = where(j);
-      bad_k |= !(fabsf(load(true, w)) <= chk.limit);
-      bad_v |= !(fabsf(load(false, w)) <= chk.limit);
+      bad_k |= out_of_range(load(true, w), chk.limit);
+      bad_v |= out_of_range(load(false, w), chk.limit);
     }
 #pragma unroll
-    for (int u = 0; u < kWinHold; ++u) bad_k |= !(fabsf(hk[u]) <= chk.limit), bad_v |= !(fabsf(hv[u]) <= chk.limit);
+    for (int u = 0; u < kWinHold; ++u) bad_k |= out_of_range(hk[u], chk.limit), bad_v |= out_of_range(hv[u], chk.limit);
     bad_k = __syncthreads_or(bad_k);
     bad_v = __syncthreads_or(bad_v);
     if (bad_k | bad_v) {
-      if (threadIdx.x < 2 && (threadIdx.x == 0 ? bad_k : bad_v)) {
-        atomicCAS(chk.flags + threadIdx.x, 0, chk.tag);
-        if (chk.host_flags) reinterpret_cast<volatile int*>(chk.host_flags)[threadIdx.x] = chk.tag;
-      }
+      if (threadIdx.x < 2 && (threadIdx.x == 0 ? bad_k : bad_v)) report_range(chk.flags, chk.host_flags, threadIdx.x, chk.tag);
       return;
     }
     for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
