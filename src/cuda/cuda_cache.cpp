@@ -344,7 +344,8 @@ class CudaCacheBase : public CudaKVCache {
 
   /// After a restore replaced everything: pending verdicts are about a state that is gone.
   void discard_deferred() {
-    if (pending_.empty() && !steps_unverified_) return;
+    // (a captured step's replays may have failed since the last verdict)
+    if (pending_.empty() && !steps_unverified_ && !steps_captured_) return;
     DeviceGuard g(device_.index);
     clear_check_flags();
     pending_.clear();
