@@ -196,6 +196,22 @@ std::map<std::pair<int, int>, Peer> read_peer(const std::string& path) {
   return m;
 }
 
+/// The prefill peer's lines: PREFILL <history> <q_len> <us> <TFLOP/s> <backend>.
+std::map<std::pair<int, int>, Peer> read_prefill_peer(const std::string& path) {
+  std::map<std::pair<int, int>, Peer> m;
+  std::ifstream f(path);
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("PREFILL ", 0) != 0) continue;
+    std::istringstream is(line.substr(8));
+    int hist, q;
+    Peer p;
+    is >> hist >> q >> p.us >> p.tbps >> p.backend;
+    if (is) m[{hist, q}] = p;
+  }
+  return m;
+}
+
 struct Buffers {
   uint8_t *kc = nullptr, *vc = nullptr;
   __half *kw = nullptr, *vw = nullptr, *q = nullptr, *out = nullptr;
@@ -317,7 +333,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
-       value_gathers = false, no_cluster = false, no_hint = false, no_rows4 = false;
+       value_gathers = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -325,6 +341,7 @@ int main(int argc, char** argv) {
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];     // only rows whose name contains it
     else if (a == "--shape" && i + 1 < argc) shape_arg = argv[++i];   // e.g. 1x16384
     else if (a == "--quick") quick = true;
+    else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
     else if (a == "--skip-encode") skip_encode = true;
     else if (a == "--skip-step") skip_step = true;
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
@@ -375,6 +392,101 @@ int main(int argc, char** argv) {
   const size_t flush_bytes = size_t(256) << 20;
   void* flush;
   CK(cudaMalloc(&flush, flush_bytes));
+
+  // ---- prefill: attention of a chunk of queries over the coded history (--prefill) ----------
+  // A cache (MemoryBound, int8 keys, batch 1, Llama-3.1-8B layer) holding `hist` tokens takes a
+  // chunk of q tokens (update), then fused_sdpa_into of the chunk's q queries, causal (query i
+  // sees hist + i + 1 tokens): median device time of the attention alone, L2 flushed before
+  // each, in one launch per chunk (the default since run 115) and in one launch per 16 queries
+  // (the path before it), whose outputs must agree; the fp16 device cache over the same tokens
+  // for context; the peer (peer_sdpa.py --prefill: PyTorch SDPA over fp16 K/V with a lower-right
+  // causal mask) from the same run. TFLOP/s count 4·head_dim per (query head, visible key).
+  if (prefill) {
+    const auto ppeer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_prefill_peer(peer_path);
+    struct PCase {
+      int hist, q;
+    };
+    const std::vector<PCase> pcases = {{0, 4096}, {8192, 512}, {32768, 512}, {32768, 2048}};
+    struct PCfg {
+      std::string name;
+      CacheKind kind;
+      Spec s;
+      CodebookFormat fmt;
+    };
+    const std::vector<PCfg> pcfgs = {{"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
+                                     {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
+                                     {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
+    std::printf("\nprefill attention, batch 1, %d q / %d kv heads, head_dim %d, window %d, causal; int8 keys\n", kH, kKV, kD, kR);
+    std::printf("| cache | history | chunk | one launch us | 16-query launches us | gain | TFLOP/s | peer us | peer | speedup | NMSE one vs 16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+    bool prefill_ok = true;
+    for (const PCfg& pc : pcfgs)
+      for (const PCase& c : pcases) {
+        KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
+        cfg.kind = pc.kind;
+        auto cache = KVCacheFactory::create(cfg);
+        auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
+        cc->reserve(c.hist + c.q, 1);
+        const int fill = 8192;
+        Tensor kx = Tensor::empty({1, kKV, fill, kD}, DType::F16, Device::cuda(0));
+        Tensor vx = Tensor::empty({1, kKV, fill, kD}, DType::F16, Device::cuda(0));
+        grid_fill(static_cast<__half*>(kx.data()), size_t(kx.numel()), 71, 1.0f);
+        grid_fill(static_cast<__half*>(vx.data()), size_t(vx.numel()), 72, 1.0f);
+        for (int h = 0; h < c.hist; h += fill) {
+          const int n = std::min(fill, c.hist - h);
+          TensorView kv = kx.view(), vv = vx.view();
+          kv.shape[2] = vv.shape[2] = n;
+          cache->update(kv, vv);
+        }
+        Tensor kn = Tensor::empty({1, kKV, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor vn = Tensor::empty({1, kKV, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor q = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor o1 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor o16 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 73, 1.0f);
+        grid_fill(static_cast<__half*>(vn.data()), size_t(vn.numel()), 74, 1.0f);
+        grid_fill(static_cast<__half*>(q.data()), size_t(q.numel()), 75, 1.0f);
+        cache->update(kn.view(), vn.view());
+        CK(cudaDeviceSynchronize());
+        SdpaParams sp;
+        sp.causal = true;
+        auto time_with = [&](int per_launch, Tensor& out) {
+          const int prev = cuda::set_prefill_launch_queries(per_launch);
+          const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 2, std::max(5, reps / 2),
+                                              [&] { cache->fused_sdpa_into(q.view(), out.view(), sp); });
+          cuda::set_prefill_launch_queries(prev);
+          return us;
+        };
+        const double us1 = time_with(0, o1), us16 = time_with(16, o16);
+        std::vector<uint16_t> h1(size_t(o1.numel())), h16(h1.size());
+        CK(cudaMemcpy(h1.data(), o1.data(), h1.size() * 2, cudaMemcpyDeviceToHost));
+        CK(cudaMemcpy(h16.data(), o16.data(), h16.size() * 2, cudaMemcpyDeviceToHost));
+        double num = 0, den = 0;
+        bool finite = true;
+        for (size_t i = 0; i < h1.size(); ++i) {
+          const double a = half_to_float(h1[i]), b = half_to_float(h16[i]);
+          finite &= std::isfinite(a) && std::isfinite(b);
+          num += (a - b) * (a - b), den += b * b;
+        }
+        const double nmse = den > 0 ? num / den : 0;
+        const bool ok = finite && den > 0 && nmse < 1e-5;
+        prefill_ok &= ok;
+        const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
+        const double tflops = 4.0 * kD * kH * keys / (us1 * 1e-6) / 1e12;
+        auto it = ppeer.find({c.hist, c.q});
+        char peer_cols[96] = "- | - | -";
+        if (it != ppeer.end())
+          std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
+                        it->second.us / us1);
+        std::printf("| %s | %d | %d | %.1f | %.1f | %.2fx | %.0f | %s | %.1e%s |\n", pc.name.c_str(), c.hist, c.q, us1,
+                    us16, us16 / us1, tflops, peer_cols, nmse, ok ? "" : " FAILED");
+        std::fflush(stdout);
+      }
+    std::printf("\nprefill validation: %s\n", prefill_ok ? "one launch per chunk equals 16-query launches"
+                                                          : "ONE-LAUNCH AND 16-QUERY OUTPUTS DIFFER");
+    cudaFree(flush);
+    return prefill_ok ? 0 : 1;
+  }
 
   const std::map<std::pair<int, int>, Peer> peer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{}
                                                                      : read_peer(peer_path);

@@ -1,4 +1,4 @@
-// src/cuda/attention_kernel.cuh — fused decode attention on product-VQ codes (q_len 1..16).
+// src/cuda/attention_kernel.cuh — fused attention on product-VQ codes (decode: q_len 1..16; prefill chunks: any q_len, as row chunks).
 //
 // What it computes. For every (batch b, kv head h, chunk of query rows) and split s, the
 // online-softmax partial of

@@ -52,6 +52,7 @@ std::atomic<int> g_update_decode_max{256};
 std::atomic<bool> g_overlap_two{true};
 std::atomic<int64_t> g_grid_build_after{int64_t(1) << 20};
 std::atomic<bool> g_step_checks{true};
+std::atomic<int> g_prefill_launch_queries{0};
 }  // namespace
 bool set_overlapped_step(bool allowed) { return g_overlap_allowed.exchange(allowed); }
 bool overlapped_step_allowed() { return g_overlap_allowed.load(); }
@@ -65,6 +66,8 @@ int64_t set_grid_build_after(int64_t token_heads) { return g_grid_build_after.ex
 int64_t grid_build_after() { return g_grid_build_after.load(); }
 bool set_step_input_checks(bool on) { return g_step_checks.exchange(on); }
 bool step_input_checks() { return g_step_checks.load(); }
+int set_prefill_launch_queries(int queries) { return g_prefill_launch_queries.exchange(std::max(0, queries)); }
+int prefill_launch_queries() { return g_prefill_launch_queries.load(); }
 }  // namespace cuda
 
 bool cuda_is_available() { return detail::cuda_available(); }
@@ -417,15 +420,29 @@ class CudaCacheBase : public CudaKVCache {
                        << q.shape_string());
   }
 
-  /// Attention of device queries q into device out, in chunks of at most 16 queries. n_new:
-  /// tokens appended on the device since the host lengths (decode step); advance: the last
-  /// launch advances the device lengths. plan: use plan_ (no allocation) or plan per call.
+  /// Queries one launch of an eager call takes: every row chunk of them must fit gridDim.y
+  /// (n_kv_heads · row_chunks <= 65535, row chunks of 8 rows at the least), capped by
+  /// cuda::prefill_launch_queries() when that is set.
+  int launch_queries(int n_heads) const {
+    const int G = n_heads / n_kv_heads_;
+    const int64_t by_grid = std::max<int64_t>(1, int64_t(65535 / n_kv_heads_) * 8 / G);
+    const int cap = cuda::prefill_launch_queries();
+    return int(cap > 0 ? std::min<int64_t>(cap, by_grid) : by_grid);
+  }
+
+  /// Attention of device queries q into device out. Decode steps (use_plan): the planned launch,
+  /// at most 16 queries. Eager calls: as few launches as the grid allows (launch_queries), each
+  /// planned for its own rows; a prefill chunk of Q queries is one launch of G·Q/16 row chunks
+  /// (before run 115: one launch per 16 queries, each re-reading the history). n_new: tokens
+  /// appended on the device since the host lengths (decode step); advance: the last launch
+  /// advances the device lengths. plan: use plan_ (no allocation) or plan per call.
   void run_attention(const TensorView& q, const TensorView& out, const SdpaParams& sp, int n_new, bool advance,
                      bool use_plan, int priority = 0) {
     const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
     const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
-    for (int c0 = 0; c0 < Q; c0 += 16) {
-      const int nq = std::min(16, Q - c0);
+    const int per_launch = use_plan ? 16 : launch_queries(H);
+    for (int c0 = 0; c0 < Q; c0 += per_launch) {
+      const int nq = std::min(per_launch, Q - c0);
       Plan pl;
       if (use_plan) {
         pl = plan_;

@@ -33,7 +33,7 @@ struct DevTensor4 {
 struct AttnParams {
   // shapes
   int batch = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0;
-  int q_len = 0;   ///< queries handled by this launch (1..16 rows of a chunk per kv head)
+  int q_len = 0;   ///< queries handled by this launch: G·q_len rows per kv head in n_row_chunks chunks (decode steps: 1..16)
   int q_tail = 0;  ///< query i sits at position L − q_tail + i (q_tail = q_len for decode)
   DevTensor4 q;    ///< [batch, n_heads, q_len, head_dim]
   void* out = nullptr;        ///< [batch, n_heads, q_len, head_dim]
@@ -312,6 +312,13 @@ bool overlap_two_launches();
 /// same-run A/B of its cost: an unchecked step stores whatever it is given).
 bool set_step_input_checks(bool on);
 bool step_input_checks();
+/// Queries per attention launch of an eager call with more than 16 queries (prefill chunks):
+/// 0 (default since run 115) = as many as one grid holds (its row chunks x kv heads within
+/// gridDim.y), so a chunk of Q queries is one launch of G·Q/16 row chunks; 16 = one launch per
+/// 16 queries (the path before run 115). Decode steps (plan_decode) are unaffected. Process-wide;
+/// returns the previous value (A/B benchmarks, tests: a small value forces several launches).
+int set_prefill_launch_queries(int queries);
+int prefill_launch_queries();
 /// A VecInfer cache builds the candidate grid of a sub_dim-4 codebook of more than 256 centroids
 /// (on the device, build_encode_grid_on_device) before the throughput-mode update() that brings
 /// its throughput-mode encodes to this many token-heads; before that they scan the codebook.

@@ -368,6 +368,10 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
   cases.push_back({d4b8, 128, 1, 1, 1, 300, 16, 8, true, 0, DType::F16, CacheMode::MemoryBound, 1});      // q_len 16
   cases.push_back({dflt, 128, 1, 2, 4, 500, 5, 0, true, 0, DType::F16, CacheMode::MemoryBound, 1});       // rows 20, R 0
   cases.push_back({d4b8, 128, 2, 1, 4, 400, 37, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1});     // prefill chunks
+  // long prefill chunks: one launch of many row chunks (G·q_len/16 of them; run 115)
+  cases.push_back({d4b8, 128, 2, 2, 4, 700, 300, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1});
+  cases.push_back({dflt, 64, 1, 3, 2, 1500, 211, 128, true, 150, DType::BF16, CacheMode::MemoryBound, 1});
+  cases.push_back({d4b8, 128, 1, 1, 8, 0, 260, 16, true, 0, DType::F32, CacheMode::Stash, 1});             // no history
   cases.push_back({d4b8, 128, 1, 2, 4, 900, 3, 16, true, 100, DType::F16, CacheMode::MemoryBound, 1});    // sliding
   cases.push_back({dflt, 64, 1, 2, 2, 200, 4, 16, false, 0, DType::F32, CacheMode::MemoryBound, 1});      // non-causal
   cases.push_back({d4b8, 128, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 3});     // sharp
@@ -395,6 +399,34 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
   }
   std::printf("[cuda attention] %zu cases (%d with a bf16 cache), worst NMSE %.3g (bound %.1g)\n", cases.size(),
               run_bf16, worst, kAttnNmse);
+}
+
+// Eager calls with more than 16 queries run as few launches as the grid allows (run 115;
+// before: one launch per 16 queries). Whatever the queries per launch (every chunk planned
+// for itself, the last one short), each launch's rows see their own causal and sliding-window
+// bounds: every way of splitting the queries over launches, against the oracle.
+TEST(CudaAttention, PrefillLaunchesOfAnySizeMatchTheOracle) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x9F11;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const std::vector<AttnCase> cases = {
+      {d4b8, 128, 2, 2, 4, 900, 150, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1},
+      {dflt, 128, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::MemoryBound, 1},
+      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::Stash, 1},
+  };
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    for (int per_launch : {0, 16, 40, 7}) {
+      SCOPED_TRACE(describe(a) + " queries per launch " + std::to_string(per_launch));
+      const int prev = cuda::set_prefill_launch_queries(per_launch);
+      std::mt19937_64 case_rng(seed ^ uint64_t(a.q_len));  // the same cache and queries for each split
+      const double e = run_attn_case(a, case_rng);
+      cuda::set_prefill_launch_queries(prev);
+      EXPECT_LE(e, kAttnNmse);
+    }
+  }
 }
 
 // Split launches merge their partials either as one thread-block cluster per segment

@@ -239,8 +239,8 @@ std::vector<int32_t> random_tokens(int64_t n, int vocab, uint64_t seed) {
 
 class CudaRuntimeDeviceCache : public ::testing::TestWithParam<std::string> {};
 
-// Prefill of 40 tokens in one call (more than the 16 query rows D's kernels take per launch:
-// the cache runs them in chunks), then 8 decode steps.
+// Prefill of 40 tokens in one call (more than a decode step's 16 queries: the cache launches
+// all their row chunks at once), then 8 decode steps.
 TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
   VQ_SKIP_WITHOUT_GPU();
   const auto model = load_model(write_hd64(GetParam()));
