@@ -137,6 +137,25 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// numbers first, as cudaDeviceGetStreamPriorityRange; a captured launch keeps it as its node's
 /// priority, which a graph uses when instantiated with cudaGraphInstantiateFlagUseNodePriority).
 void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority = 0);
+/// Prefill attention (prefill_kernel.cuh): a chunk of many queries against the codes and the
+/// window, 64 query rows per block, the history unsplit. prefill_compiled: whether (head_dim,
+/// key spec, value spec) has a prefill kernel (n_tiles ignored; every codebook format runs on
+/// it). prefill_launch: one launch for all of p's rows (p.n_row_chunks, n_splits and the
+/// workspace are ignored; eager calls only: p.n_new = 0).
+constexpr int kPrefillRows = 64;
+bool prefill_compiled(const AttnConfigKey& k);
+void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
+/// When eager calls of more than 16 queries use the prefill kernel (where it is compiled):
+/// kPrefillAuto (default since run 116) for caches whose every token is an exact row (the fp16
+/// cache, Standard caches) when its grid fills the device once (run 116: 1.4-2.1x over the
+/// decode kernel's row chunks there; over codes it was 1.2-1.6x slower than them, so coded
+/// caches keep those); kPrefillAlways (tests: every cache, every size); kPrefillOff (the decode
+/// kernel's row chunks: the benchmark's A/B). Process-wide; returns the previous mode.
+enum PrefillMode : int { kPrefillOff = 0, kPrefillAuto = 1, kPrefillAlways = 2 };
+int set_prefill_mode(int mode);
+int prefill_mode();
+/// Prefill-kernel launches so far in this process (tests: which path ran).
+long long prefill_launches();
 /// Clusters of `splits` blocks of the configuration's kernel resident at once on the current
 /// device (0 where clusters cannot run; *error, if given, gets the last failed query's message).
 int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error = nullptr);

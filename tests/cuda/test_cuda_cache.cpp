@@ -401,32 +401,58 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
               run_bf16, worst, kAttnNmse);
 }
 
-// Eager calls with more than 16 queries run as few launches as the grid allows (run 115;
-// before: one launch per 16 queries). Whatever the queries per launch (every chunk planned
-// for itself, the last one short), each launch's rows see their own causal and sliding-window
-// bounds: every way of splitting the queries over launches, against the oracle.
-TEST(CudaAttention, PrefillLaunchesOfAnySizeMatchTheOracle) {
+// Eager calls with more than 16 queries: the prefill kernel (64 rows a block, run 116) where its
+// grid fills the device, else the decode kernel's row chunks in as few launches as the grid
+// allows (run 115; before: one launch per 16 queries). Every path against the oracle: the
+// prefill kernel forced (kPrefillAlways) in every codebook format, and the decode kernel's
+// row chunks with any number of queries per launch (every launch planned for itself, the last
+// one short), each launch's rows under their own causal and sliding-window bounds.
+TEST(CudaAttention, PrefillPathsMatchTheOracle) {
   VQ_SKIP_WITHOUT_GPU();
   const uint64_t seed = 0x9F11;
-  std::mt19937_64 rng(seed);
   SCOPED_TRACE("seed " + std::to_string(seed));
   const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
   const std::vector<AttnCase> cases = {
       {d4b8, 128, 2, 2, 4, 900, 150, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1},
-      {dflt, 128, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::MemoryBound, 1},
-      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::Stash, 1},
+      {dflt, 128, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::MemoryBound, 1},   // bf16 window, sliding
+      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::Stash, 1},              // no window, non-causal
+      {dflt, 64, 2, 1, 2, 70, 33, 16, true, 0, DType::F16, CacheMode::Stash, 1},                 // short history
+      {d4b8, 128, 1, 3, 4, 500, 40, 64, true, 0, DType::F16, CacheMode::Standard, 1},           // every token exact
+      {d4b8, 128, 1, 1, 8, 0, 260, 16, true, 0, DType::BF16, CacheMode::MemoryBound, 3},        // no history, sharp
   };
+  int prefill_runs = 0;
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
+    const std::vector<CodebookFormat> fmts = {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8,
+                                              CodebookFormat::I8KV};
+    for (CodebookFormat fmt : fmts) {
+      SCOPED_TRACE(describe(a) + " prefill kernel, " + codebook_format_name(fmt));
+      const int prev = cuda::set_prefill_mode(cuda::kPrefillAlways);
+      const long long before = cuda::prefill_launches();
+      std::mt19937_64 case_rng(seed ^ uint64_t(a.q_len));
+      double vs_f32 = 0;
+      const double e = run_attn_case(a, case_rng, fmt, &vs_f32);
+      cuda::set_prefill_mode(prev);
+      EXPECT_LE(e, kAttnNmse);
+      EXPECT_LE(vs_f32, 5e-2);
+      const bool ran = cuda::prefill_launches() > before;
+      EXPECT_EQ(ran, cuda::prefill_compiled({a.D, a.spec.ks, a.spec.kb, a.spec.vs, a.spec.vb, 1}));
+      prefill_runs += ran;
+    }
     for (int per_launch : {0, 16, 40, 7}) {
-      SCOPED_TRACE(describe(a) + " queries per launch " + std::to_string(per_launch));
+      SCOPED_TRACE(describe(a) + " decode kernel, queries per launch " + std::to_string(per_launch));
+      const int prev_mode = cuda::set_prefill_mode(cuda::kPrefillOff);
       const int prev = cuda::set_prefill_launch_queries(per_launch);
+      const long long before = cuda::prefill_launches();
       std::mt19937_64 case_rng(seed ^ uint64_t(a.q_len));  // the same cache and queries for each split
       const double e = run_attn_case(a, case_rng);
       cuda::set_prefill_launch_queries(prev);
+      cuda::set_prefill_mode(prev_mode);
       EXPECT_LE(e, kAttnNmse);
+      EXPECT_EQ(cuda::prefill_launches(), before);
     }
   }
+  EXPECT_GT(prefill_runs, 0);
 }
 
 // Split launches merge their partials either as one thread-block cluster per segment
@@ -731,16 +757,20 @@ TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
         auto [gk, gv] = gpu->update_and_fetch(to_device(k).view(), to_device(v).view());
         EXPECT_EQ(floats(gk), ck.to_vector_f32());
         EXPECT_EQ(floats(gv), cv.to_vector_f32());
-        // q_len 3: 12 rows a kv head (8-row kernel, two chunks); q_len 1: 4 rows (the four-row kernel)
-        for (int q_len : {3, 1}) {
+        // q_len 3: 12 rows a kv head (8-row kernel, two chunks); q_len 1: 4 rows (the four-row
+        // kernel); q_len 40: the prefill kernel (forced: this small grid would not fill the GPU)
+        for (int q_len : {3, 1, 40}) {
           Tensor q = random_tensor({B, H * G, q_len, D}, DType::F16, rng);
           Tensor want = Tensor::empty(q.sizes(), DType::F32);
           SdpaParams p;
           attention_ref(q.view(), ck.view(), cv.view(), want.view(), p);
-          const long long rows4 = cuda::attn_rows4_launches();
+          const long long rows4 = cuda::attn_rows4_launches(), pre = cuda::prefill_launches();
+          const int prev = cuda::set_prefill_mode(cuda::kPrefillAlways);
           Tensor got = gpu->fused_sdpa(to_device(q).view(), p);
+          cuda::set_prefill_mode(prev);
           EXPECT_LE(nmse(floats(got), want.to_vector_f32()), kAttnNmse) << dtype_name(st) << " D=" << D << " q_len=" << q_len;
           EXPECT_EQ(cuda::attn_rows4_launches() > rows4, q_len == 1) << "which kernel ran, q_len=" << q_len;
+          EXPECT_EQ(cuda::prefill_launches() > pre, q_len == 40) << "which kernel ran, q_len=" << q_len;
         }
       }
       EXPECT_EQ(gpu->trim(100), 100);
@@ -903,6 +933,25 @@ TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
     }
   }
   for (int b = 0; b < B; ++b) EXPECT_EQ(gpu->seq_lens()[size_t(b)], lens[size_t(b)] + steps);
+  // 24 queries over every sequence's own length: the prefill kernel (forced) and the decode
+  // kernel's row chunks, each against every sequence's oracle
+  {
+    Tensor q = random_tensor({B, H * G, 24, D}, DType::F32, rng);
+    for (int mode : {int(cuda::kPrefillAlways), int(cuda::kPrefillOff)}) {
+      const int prev = cuda::set_prefill_mode(mode);
+      const long long pre = cuda::prefill_launches();
+      const std::vector<float> got = floats(gpu->fused_sdpa(to_device(q).view(), p));
+      cuda::set_prefill_mode(prev);
+      EXPECT_EQ(cuda::prefill_launches() > pre, mode == cuda::kPrefillAlways);
+      for (int b = 0; b < B; ++b) {
+        Tensor qb = Tensor::empty({1, H * G, 24, D}, DType::F32);
+        std::memcpy(qb.data(), q.ptr<float>() + int64_t(b) * H * G * 24 * D, size_t(H * G * 24 * D * 4));
+        const std::vector<float> want = device_oracle(*cpus[b], c.attention_codebooks, qb, p);
+        const std::vector<float> g(got.begin() + int64_t(b) * H * G * 24 * D, got.begin() + int64_t(b + 1) * H * G * 24 * D);
+        EXPECT_LE(nmse(g, want), kAttnNmse) << "24 queries, mode " << mode << ", sequence " << b;
+      }
+    }
+  }
   EXPECT_THROW(gpu->state(), UnsupportedError);
   std::printf("[cuda ragged] %d steps x %d sequences, worst NMSE %.3g\n", steps, B, worst);
 }

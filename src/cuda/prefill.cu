@@ -1,0 +1,97 @@
+// src/cuda/prefill.cu — the prefill kernel's instantiations and its one launch point (see
+// prefill_kernel.cuh). The default build compiles d4b8/d4b8 and the defaults d4b12/d8b8 at
+// head_dim 64 and 128; VQ_CUDA_ALL_CONFIGS adds d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8.
+// Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
+#include <atomic>
+#include <mutex>
+#include <set>
+#include <utility>
+#include <vector>
+
+#include "cuda/prefill_kernel.cuh"
+
+namespace veloxquant::cuda {
+namespace {
+
+struct PrefillEntry {
+  int d, ks, kb, vs, vb;
+  const void* kernel;
+  int smem;
+};
+
+template <int KS, int KB, int VS, int VB>
+void add_both_d(std::vector<PrefillEntry>& r) {
+  r.push_back({64, KS, KB, VS, VB, reinterpret_cast<const void*>(&vq_prefill_kernel<64, KS, KB, VS, VB>),
+               PrefillTraits<64, KS, KB, VS, VB>::kSmem});
+  r.push_back({128, KS, KB, VS, VB, reinterpret_cast<const void*>(&vq_prefill_kernel<128, KS, KB, VS, VB>),
+               PrefillTraits<128, KS, KB, VS, VB>::kSmem});
+}
+
+const std::vector<PrefillEntry>& registry() {
+  static const std::vector<PrefillEntry> r = [] {
+    std::vector<PrefillEntry> v;
+    add_both_d<4, 8, 4, 8>(v);
+    add_both_d<4, 12, 8, 8>(v);
+#if defined(VQ_CUDA_ALL_CONFIGS) && VQ_CUDA_ALL_CONFIGS
+    add_both_d<8, 12, 8, 12>(v);
+    add_both_d<4, 10, 8, 12>(v);
+    add_both_d<8, 8, 8, 8>(v);
+#endif
+    return v;
+  }();
+  return r;
+}
+
+const PrefillEntry* find(const AttnConfigKey& k) {
+  for (const PrefillEntry& e : registry())
+    if (e.d == k.head_dim && e.ks == k.key_sub_dim && e.kb == k.key_bits && e.vs == k.value_sub_dim &&
+        e.vb == k.value_bits)
+      return &e;
+  return nullptr;
+}
+
+std::atomic<int> g_prefill_mode{kPrefillAuto};
+std::atomic<long long> g_prefill_launches{0};
+
+}  // namespace
+
+int set_prefill_mode(int mode) { return g_prefill_mode.exchange(mode); }
+int prefill_mode() { return g_prefill_mode.load(); }
+long long prefill_launches() { return g_prefill_launches.load(); }
+bool prefill_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
+
+void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
+  const PrefillEntry* e = find(k);
+  VQ_CHECK_T(e != nullptr, UnsupportedError,
+             "CUDA prefill attention: no kernel for head_dim " << k.head_dim << ", keys d" << k.key_sub_dim << "b"
+                                                                << k.key_bits << ", values d" << k.value_sub_dim << "b"
+                                                                << k.value_bits);
+  const int k_row = ((k.head_dim / k.key_sub_dim * k.key_bits + 7) / 8 + 3) / 4 * 4;
+  const int v_row = ((k.head_dim / k.value_sub_dim * k.value_bits + 7) / 8 + 3) / 4 * 4;
+  VQ_CHECK_T(p.win_all || (p.k_row_stride == k_row && p.v_row_stride == v_row), UnsupportedError,
+             "CUDA prefill attention: code rows of " << p.k_row_stride << " / " << p.v_row_stride
+                                                     << " bytes, the kernel reads " << k_row << " / " << v_row);
+  VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
+  {
+    static std::mutex mu;
+    static std::set<std::pair<int, const void*>> done;
+    int dev = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(mu);
+    if (!done.count({dev, e->kernel})) {
+      VQ_CUDA_CHECK(cudaFuncSetAttribute(e->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e->smem));
+      done.insert({dev, e->kernel});
+    }
+  }
+  // codebook formats (CodebookFormat): keys fp16 / E4M3 / int8 / int8; values fp16 / E4M3 / fp16 / offset int8
+  const int kfmt = k.cb_fmt == 0 ? 0 : k.cb_fmt == 1 ? 1 : 2;
+  const int vfmt = k.cb_fmt == 1 ? 1 : k.cb_fmt == 3 ? 3 : 0;
+  const int G = p.n_heads / p.n_kv_heads;
+  const dim3 grid(unsigned((int64_t(G) * p.q_len + kPrefillRows - 1) / kPrefillRows), unsigned(p.n_kv_heads),
+                  unsigned(p.batch));
+  void* args[] = {const_cast<AttnParams*>(&p), const_cast<int*>(&kfmt), const_cast<int*>(&vfmt)};
+  VQ_CUDA_CHECK(cudaLaunchKernel(e->kernel, grid, dim3(128), args, size_t(e->smem), as_stream(stream)));
+  g_prefill_launches.fetch_add(1);
+}
+
+}  // namespace veloxquant::cuda
