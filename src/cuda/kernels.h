@@ -147,10 +147,10 @@ bool prefill_compiled(const AttnConfigKey& k);
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
 /// When eager calls of more than 16 queries use the prefill kernel (where it is compiled):
 /// kPrefillAuto (default since run 116) for caches whose every token is an exact row (the fp16
-/// cache, Standard caches) when its grid fills the device once (run 116: 1.4-2.1x over the
-/// decode kernel's row chunks there; over codes it was 1.2-1.6x slower than them, so coded
-/// caches keep those); kPrefillAlways (tests: every cache, every size); kPrefillOff (the decode
-/// kernel's row chunks: the benchmark's A/B). Process-wide; returns the previous mode.
+/// cache, Standard caches) when its grid fills the device once (run 118: 1.5-2.3x over the
+/// decode kernel's row chunks there; over codes 0.70-0.95x of them on three of four shapes, so
+/// coded caches keep those); kPrefillAlways (tests: every cache, every size); kPrefillOff (the
+/// decode kernel's row chunks: the benchmark's A/B). Process-wide; returns the previous mode.
 enum PrefillMode : int { kPrefillOff = 0, kPrefillAuto = 1, kPrefillAlways = 2 };
 int set_prefill_mode(int mode);
 int prefill_mode();

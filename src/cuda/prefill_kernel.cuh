@@ -16,11 +16,12 @@
 // the codebooks; window rows loaded as they are), and its four warps (16 rows each) run the
 // tile on fp16 tensor cores through ldmatrix (each k-step's fragments loaded one step ahead),
 // with an fp32 online softmax (scores in log2 units) held in registers; two blocks share a
-// multiprocessor. Measured (runs 116-117): over exact rows (the fp16 cache, Standard caches)
-// 1.4-2.0x faster than the decode kernel's row chunks, so it serves those by default; over
-// codes 1.2-1.6x slower than them, so coded caches keep the row chunks (kPrefillAlways runs it
-// there too). A version with producer and consumer warps (one block per multiprocessor, named
-// barriers, run 117) was slower still over codes.
+// multiprocessor. Measured (run 118): over exact rows (the fp16 cache, Standard caches)
+// 1.5-2.3x faster than the decode kernel's row chunks, so it serves those by default; over
+// codes 0.70-0.95x of them on three of four shapes, so coded caches keep the row chunks
+// (kPrefillAlways runs it there too). A version with producer and consumer warps (one block
+// per multiprocessor, named barriers, run 117) was slower over codes than the first version
+// (run 116), which loaded each k-step's fragments just before its MMAs.
 //
 // Codebooks in any CodebookFormat are turned into true fp16 centroids when staged (E4M3 and
 // int8 bytes times their scale, offset-binary int8 values recentred), so q̃ and the outputs
