@@ -181,33 +181,20 @@ struct Peer {
   std::string backend;
 };
 
-std::map<std::pair<int, int>, Peer> read_peer(const std::string& path) {
+/// The peer's lines `<tag> <a> <b> <us> <rate> <backend>`, keyed by (a, b): decode
+/// `PEER <batch> <context> <us> <TB/s of K/V read> <backend>`, prefill `PREFILL <history> <q_len>
+/// <us> <TFLOP/s> <backend>` (peer_sdpa.py, and with --prefill).
+std::map<std::pair<int, int>, Peer> read_peer(const std::string& path, const std::string& tag) {
   std::map<std::pair<int, int>, Peer> m;
   std::ifstream f(path);
   std::string line;
   while (std::getline(f, line)) {
-    if (line.rfind("PEER ", 0) != 0) continue;
-    std::istringstream is(line.substr(5));
-    int B, L;
+    if (line.rfind(tag + " ", 0) != 0) continue;
+    std::istringstream is(line.substr(tag.size() + 1));
+    int a, b;
     Peer p;
-    is >> B >> L >> p.us >> p.tbps >> p.backend;
-    if (is) m[{B, L}] = p;
-  }
-  return m;
-}
-
-/// The prefill peer's lines: PREFILL <history> <q_len> <us> <TFLOP/s> <backend>.
-std::map<std::pair<int, int>, Peer> read_prefill_peer(const std::string& path) {
-  std::map<std::pair<int, int>, Peer> m;
-  std::ifstream f(path);
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("PREFILL ", 0) != 0) continue;
-    std::istringstream is(line.substr(8));
-    int hist, q;
-    Peer p;
-    is >> hist >> q >> p.us >> p.tbps >> p.backend;
-    if (is) m[{hist, q}] = p;
+    is >> a >> b >> p.us >> p.tbps >> p.backend;
+    if (is) m[{a, b}] = p;
   }
   return m;
 }
@@ -405,7 +392,7 @@ int main(int argc, char** argv) {
   // fp16 K/V with a lower-right causal mask) from the same run. TFLOP/s count 4·head_dim per
   // (query head, visible key).
   if (prefill) {
-    const auto ppeer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_prefill_peer(peer_path);
+    const auto ppeer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_peer(peer_path, "PREFILL");
     struct PCase {
       int hist, q;
     };
@@ -514,7 +501,7 @@ int main(int argc, char** argv) {
   }
 
   const std::map<std::pair<int, int>, Peer> peer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{}
-                                                                     : read_peer(peer_path);
+                                                                     : read_peer(peer_path, "PEER");
   std::vector<std::pair<int, int>> shapes = quick ? std::vector<std::pair<int, int>>{{1, 131072}}
                                                   : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
   if (!shape_arg.empty()) {

@@ -254,11 +254,6 @@ __device__ __forceinline__ uint32_t movm_trans(uint32_t x) {
 /// softmax_pv's tag for value operands handed over as ready A fragments (the ldmatrix mapping).
 struct VFragTag : std::false_type {};
 
-__device__ __forceinline__ float ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-}
 
 /// Code i of a realigned little-endian stream (runtime i, constant after unrolling).
 template <int B, int NA>
@@ -621,23 +616,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           *q_elem(sQr, r, d) = __float2half_rn(qx[k][j] * p.scale_log2);
           y[j] = qx[k][j] * ql[k][j];
         }
-        if (p.use_hadamard) {
-#pragma unroll
-          for (int h = 1; h < kQE; h <<= 1)
-#pragma unroll
-            for (int j = 0; j < kQE; ++j)
-              if ((j & h) == 0) {
-                const float a = y[j], c = y[j + h];
-                y[j] = a + c, y[j + h] = a - c;
-              }
-#pragma unroll
-          for (int m = 1; m < 32; m <<= 1)
-#pragma unroll
-            for (int j = 0; j < kQE; ++j) {
-              const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
-              y[j] = (lane & m) ? o - y[j] : y[j] + o;
-            }
-        }
+        if (p.use_hadamard) warp_fwht_row(y, lane);
 #pragma unroll
         for (int j = 0; j < kQE; ++j) *q_elem(sQt, r, lane * kQE + j) = __float2half_rn(y[j] * qscale);
         if constexpr (T::kI8) {

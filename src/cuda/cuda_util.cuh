@@ -134,6 +134,36 @@ __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t w) {
   return pack_half2(__uint_as_float(w << 16), __uint_as_float(w & 0xFFFF0000u));
 }
 
+/// 2^x, approximate (MUFU.EX2, flush-to-zero): ex2(-inf) = 0. The softmaxes in log2 units.
+__device__ __forceinline__ float ex2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// ---- Walsh–Hadamard butterflies of one row held by a warp ---------------------------------
+/// The unnormalised fast Walsh–Hadamard transform of a 32·E-element row whose elements
+/// [l·E, (l+1)·E) lane l holds in y: the in-lane stages first, then the lane stages by
+/// shuffles (no shared memory, no barrier). The query transforms of the attention kernels.
+template <int E>
+__device__ __forceinline__ void warp_fwht_row(float (&y)[E], int lane) {
+#pragma unroll
+  for (int h = 1; h < E; h <<= 1)
+#pragma unroll
+    for (int j = 0; j < E; ++j)
+      if ((j & h) == 0) {
+        const float a = y[j], c = y[j + h];
+        y[j] = a + c, y[j + h] = a - c;
+      }
+#pragma unroll
+  for (int m = 1; m < 32; m <<= 1)
+#pragma unroll
+    for (int j = 0; j < E; ++j) {
+      const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
+      y[j] = (lane & m) ? o - y[j] : y[j] + o;
+    }
+}
+
 // ---- cp.async (sm_80+): global → shared without registers ------------------------------------
 __device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(src) : "memory");

@@ -70,6 +70,8 @@ struct PrefillTraits {
 
 namespace prefill_detail {
 
+// ldmatrix of the K/V tiles: volatile, unlike the decode kernel's ldsm_x4_trans (codebooks that
+// stay put), since these tiles are rewritten between block barriers.
 __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -79,11 +81,6 @@ __device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
-}
-__device__ __forceinline__ float fast_ex2(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 /// One codebook entry element as a float, whatever the codebook's format.
 /// fmt: 0 fp16 bits; 1 E4M3 byte · mul; 2 int8 byte · mul; 3 offset-binary byte: (byte − 128) · mul.
@@ -193,23 +190,7 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_kernel(const AttnParams p, 
         sQr[r * T::kStride + d] = __float2half_rn(x * p.scale_log2);
         y[j] = x * (p.lambda ? p.lambda[kvh * D + d] : 1.0f);
       }
-      if (p.use_hadamard) {  // Walsh–Hadamard butterflies: in-lane bits, then lane bits by shuffles
-#pragma unroll
-        for (int hh = 1; hh < kQE; hh <<= 1)
-#pragma unroll
-          for (int j = 0; j < kQE; ++j)
-            if ((j & hh) == 0) {
-              const float a = y[j], c = y[j + hh];
-              y[j] = a + c, y[j + hh] = a - c;
-            }
-#pragma unroll
-        for (int m = 1; m < 32; m <<= 1)
-#pragma unroll
-          for (int j = 0; j < kQE; ++j) {
-            const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
-            y[j] = (lane & m) ? o - y[j] : y[j] + o;
-          }
-      }
+      if (p.use_hadamard) warp_fwht_row(y, lane);
 #pragma unroll
       for (int j = 0; j < kQE; ++j) sK[r * T::kStride + lane * kQE + j] = __float2half_rn(y[j] * qscale);
     }
@@ -284,13 +265,13 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_kernel(const AttnParams p, 
       mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
       const float mnew = fmaxf(mrow[r], mx);
       const float base = mnew == -INFINITY ? 0.0f : mnew;
-      alpha[r] = fast_ex2(mrow[r] - base);  // ex2(-inf) = 0
+      alpha[r] = ex2(mrow[r] - base);  // ex2(-inf) = 0
       mrow[r] = mnew;
       float sum = 0.0f;
 #pragma unroll
       for (int n = 0; n < 8; ++n) {
-        s[n][2 * r] = fast_ex2(s[n][2 * r] - base);
-        s[n][2 * r + 1] = fast_ex2(s[n][2 * r + 1] - base);
+        s[n][2 * r] = ex2(s[n][2 * r] - base);
+        s[n][2 * r + 1] = ex2(s[n][2 * r + 1] - base);
         sum += s[n][2 * r] + s[n][2 * r + 1];
       }
       lrow[r] = lrow[r] * alpha[r] + sum;
