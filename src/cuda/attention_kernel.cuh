@@ -56,6 +56,7 @@
 #include <climits>
 #include <type_traits>
 
+#include "cuda/attn_masks.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
 
@@ -500,9 +501,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto row_bounds = [&](int r, int& lo, int& hi) {
     const int gr = rchunk * kRows + r;
     if (gr < rows_total) {
-      const int pos = L - p.q_tail + gr / G;
-      lo = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
-      hi = p.causal ? min(L, pos + 1) : L;
+      attn_query_bounds(p, L - p.q_tail + gr / G, L, lo, hi);
     } else {
       lo = 0, hi = INT_MAX;
     }

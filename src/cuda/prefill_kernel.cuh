@@ -40,6 +40,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "cuda/attn_masks.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
 
@@ -128,9 +129,7 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_kernel(const AttnParams p, 
   const int n_code = L - rc;
   auto bounds = [&](int gr, int& lo, int& hi) {  // visible [lo, hi) of block-row gr (dead rows: all)
     if (gr < rows_total) {
-      const int pos = L - p.q_tail + gr / G;
-      lo = p.sliding_window > 0 ? int(max(int64_t(0), int64_t(pos) - p.sliding_window + 1)) : 0;
-      hi = p.causal ? min(L, pos + 1) : L;
+      attn_query_bounds(p, L - p.q_tail + gr / G, L, lo, hi);
     } else {
       lo = 0, hi = L;
     }
