@@ -384,7 +384,8 @@ int main(int argc, char** argv) {
   // A cache (MemoryBound, int8 keys, batch 1, Llama-3.1-8B layer) holding `hist` tokens takes a
   // chunk of q tokens (update), then fused_sdpa_into of the chunk's q queries, causal (query i
   // sees hist + i + 1 tokens): median device time of the attention alone, L2 flushed before
-  // each, by the prefill kernel (run 116), by the decode kernel's row chunks in one launch
+  // each, by the prefill kernel (run 116; blocks of 64 and of 128 query rows, run 121), by the
+  // decode kernel's row chunks in one launch
   // (run 115) and in one launch per 16 queries (before run 115), and which of them the default
   // (cuda::kPrefillAuto) takes; all three outputs must agree (the prefill kernel's fp16 query and
   // centroids differ from the decode kernel's int8 ones by rounding only); the fp16 device
@@ -407,9 +408,10 @@ int main(int argc, char** argv) {
                                      {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
                                      {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
     std::printf("\nprefill attention, batch 1, %d q / %d kv heads, head_dim %d, window %d, causal; int8 keys\n", kH, kKV, kD, kR);
-    std::printf("| cache | history | chunk | prefill kernel us | decode kernel, one launch us | 16-query launches us | "
-                "default path | default vs 16-query | TFLOP/s | peer us | peer | speedup | NMSE prefill / one launch vs 16 |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| cache | history | chunk | prefill kernel, 64-row blocks us | prefill kernel, 128-row blocks us | "
+                "decode kernel, one launch us | 16-query launches us | default path | default us | default vs 16-query | "
+                "TFLOP/s | peer us | peer | speedup | NMSE prefill 64 / 128 / one launch vs 16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     bool prefill_ok = true;
     for (const PCfg& pc : pcfgs)
       for (const PCase& c : pcases) {
@@ -433,6 +435,8 @@ int main(int argc, char** argv) {
         Tensor vn = Tensor::empty({1, kKV, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor q = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor od = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor od128 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor odef = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor o1 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor o16 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 73, 1.0f);
@@ -443,28 +447,26 @@ int main(int argc, char** argv) {
         SdpaParams sp;
         sp.causal = true;
         long long pre_launches = 0;
-        auto time_with = [&](int mode, int per_launch, Tensor& out) {
+        auto time_with = [&](int mode, int per_launch, Tensor& out, int rows = 0) {
           const int prev_mode = cuda::set_prefill_mode(mode);
           const int prev = cuda::set_prefill_launch_queries(per_launch);
+          const int prev_rows = cuda::set_prefill_block_rows(rows);
           const long long before = cuda::prefill_launches();
           const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 2, std::max(5, reps / 2),
                                               [&] { cache->fused_sdpa_into(q.view(), out.view(), sp); });
           pre_launches = cuda::prefill_launches() - before;
+          cuda::set_prefill_block_rows(prev_rows);
           cuda::set_prefill_launch_queries(prev);
           cuda::set_prefill_mode(prev_mode);
           return us;
         };
-        const double usp = time_with(cuda::kPrefillAlways, 0, od);
+        // blocks of 64 rows: VQ_CUDA_VARIANTS builds only
+        const bool has64 = cuda::prefill_compiled({kD, pc.s.ks, pc.s.kb, pc.s.vs, pc.s.vb, 1}, 64);
+        const double usp = has64 ? time_with(cuda::kPrefillAlways, 0, od, 64) : 0.0;
+        const double usp128 = time_with(cuda::kPrefillAlways, 0, od128, 128);
         const double us1 = time_with(cuda::kPrefillOff, 0, o1), us16 = time_with(cuda::kPrefillOff, 16, o16);
-        {  // which path the default (kPrefillAuto) takes here
-          const int prev_mode = cuda::set_prefill_mode(cuda::kPrefillAuto);
-          const long long before = cuda::prefill_launches();
-          cache->fused_sdpa_into(q.view(), o1.view(), sp);
-          pre_launches = cuda::prefill_launches() - before;
-          cuda::set_prefill_mode(prev_mode);
-        }
+        const double usd = time_with(cuda::kPrefillAuto, 0, odef);  // the default path, timed itself
         const bool ran_prefill = pre_launches > 0;
-        const double usd = ran_prefill ? usp : us1;
         auto nmse_vs16 = [&](const Tensor& o, bool& finite) {
           std::vector<uint16_t> ha(size_t(o.numel())), hb(ha.size());
           CK(cudaMemcpy(ha.data(), o.data(), ha.size() * 2, cudaMemcpyDeviceToHost));
@@ -479,8 +481,9 @@ int main(int argc, char** argv) {
           return den > 0 ? num / den : 1.0;
         };
         bool finite = true;
-        const double nmse_d = nmse_vs16(od, finite), nmse_1 = nmse_vs16(o1, finite);
-        const bool ok = finite && nmse_d < 1e-4 && nmse_1 < 1e-5;
+        const double nmse_d = has64 ? nmse_vs16(od, finite) : 0.0, nmse_128 = nmse_vs16(od128, finite), nmse_1 = nmse_vs16(o1, finite);
+        const double nmse_def = nmse_vs16(odef, finite);
+        const bool ok = finite && nmse_d < 1e-4 && nmse_128 < 1e-4 && nmse_1 < 1e-5 && nmse_def < 1e-4;
         prefill_ok &= ok;
         const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
         const double tflops = 4.0 * kD * kH * keys / (usd * 1e-6) / 1e12;
@@ -489,9 +492,12 @@ int main(int argc, char** argv) {
         if (it != ppeer.end())
           std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
                         it->second.us / usd);
-        std::printf("| %s | %d | %d | %.1f | %.1f | %.1f | %s | %.2fx | %.0f | %s | %.1e / %.1e%s |\n", pc.name.c_str(),
-                    c.hist, c.q, usp, us1, us16, ran_prefill ? "prefill kernel" : "decode kernel", us16 / usd, tflops,
-                    peer_cols, nmse_d, nmse_1, ok ? "" : " FAILED");
+        char us64[32] = "-", nmse64[32] = "-";
+        if (has64) std::snprintf(us64, sizeof us64, "%.1f", usp), std::snprintf(nmse64, sizeof nmse64, "%.1e", nmse_d);
+        std::printf("| %s | %d | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %.2fx | %.0f | %s | %s / %.1e / %.1e%s |\n",
+                    pc.name.c_str(), c.hist, c.q, us64, usp128, us1, us16,
+                    ran_prefill ? "prefill kernel" : "decode kernel", usd, us16 / usd, tflops, peer_cols, nmse64,
+                    nmse_128, nmse_1, ok ? "" : " FAILED");
         std::fflush(stdout);
       }
     std::printf("\nprefill validation: %s\n", prefill_ok ? "every path's output agrees with the 16-query launches'"

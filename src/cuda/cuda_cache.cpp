@@ -440,11 +440,12 @@ class CudaCacheBase : public CudaKVCache {
                      bool use_plan, int priority = 0) {
     const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
     const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
-    // More than 16 queries of an eager call over exact rows only (the fp16 cache, Standard
-    // caches): the prefill kernel (64 rows a block, the history unsplit) where it is compiled
-    // and its blocks fill the device once. Over codes the decode kernel's row chunks stay the
-    // default: run 118 measured the prefill kernel at 0.70-0.95x of them there on three of four
-    // shapes (and 1.5-2.3x faster over exact rows); kPrefillAlways runs it on codes too (tests).
+    // More than 16 queries of an eager call: the prefill kernel (128 rows a block, the history
+    // unsplit) where it is compiled and its blocks fill the device once, over exact rows (the
+    // fp16 cache, Standard caches: 4.8-9.0x the row chunks, run 121) and over codes whose
+    // kernel gathers without bank conflicts (cuda::prefill_auto_on_codes: d4b8 1.04-1.24x the
+    // row chunks); other coded caches (the defaults: 0.89-0.91x at 32768 tokens of history)
+    // keep the decode kernel's row chunks. kPrefillAlways runs it everywhere (tests).
     const int G = H / n_kv_heads_;
     const int pmode = cuda::prefill_mode();
     bool prefill = false;
@@ -452,7 +453,7 @@ class CudaCacheBase : public CudaKVCache {
       cuda::AttnParams probe;
       fill_attn(probe);
       prefill = pmode == cuda::kPrefillAlways ||
-                (probe.win_all &&
+                ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1))) &&
                  (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows * n_kv_heads_ * batch_ >= n_sms_);
     }
     const int per_launch = use_plan ? 16 : prefill ? Q : launch_queries(H);

@@ -1,6 +1,7 @@
 // src/cuda/prefill.cu — the prefill kernel's instantiations and its one launch point (see
 // prefill_kernel.cuh). The default build compiles d4b8/d4b8 and the defaults d4b12/d8b8 at
-// head_dim 64 and 128; VQ_CUDA_ALL_CONFIGS adds d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8.
+// head_dim 64 and 128 in blocks of 128 rows; VQ_CUDA_ALL_CONFIGS adds d8b12/d8b12, d4b10/d8b12
+// and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows.
 // Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
 #include <mutex>
@@ -14,17 +15,28 @@ namespace veloxquant::cuda {
 namespace {
 
 struct PrefillEntry {
-  int d, ks, kb, vs, vb;
+  int d, ks, kb, vs, vb, rows;
   const void* kernel;
   int smem;
+  bool full_copies;  // codebook copies enough for conflict-free gathers (PrefillTraits::kRK / kRV at their maxima)
 };
 
+template <int D, int KS, int KB, int VS, int VB, int W>
+void add_one(std::vector<PrefillEntry>& r) {
+  using T = PrefillTraits<D, KS, KB, VS, VB, W>;
+  r.push_back({D, KS, KB, VS, VB, T::kRows, reinterpret_cast<const void*>(&vq_prefill_kernel<D, KS, KB, VS, VB, W>),
+               T::kSmem, T::kRK == T::kMaxRK && T::kRV == T::kMaxRV});
+}
+/// Head_dim 64 and 128 in blocks of 128 rows (8 warps, the default since run 121); blocks of 64
+/// rows (4 warps, two blocks a multiprocessor: runs 116-120) with VQ_CUDA_VARIANTS only.
 template <int KS, int KB, int VS, int VB>
 void add_both_d(std::vector<PrefillEntry>& r) {
-  r.push_back({64, KS, KB, VS, VB, reinterpret_cast<const void*>(&vq_prefill_kernel<64, KS, KB, VS, VB>),
-               PrefillTraits<64, KS, KB, VS, VB>::kSmem});
-  r.push_back({128, KS, KB, VS, VB, reinterpret_cast<const void*>(&vq_prefill_kernel<128, KS, KB, VS, VB>),
-               PrefillTraits<128, KS, KB, VS, VB>::kSmem});
+  add_one<64, KS, KB, VS, VB, 8>(r);
+  add_one<128, KS, KB, VS, VB, 8>(r);
+#if defined(VQ_CUDA_VARIANTS) && VQ_CUDA_VARIANTS
+  add_one<64, KS, KB, VS, VB, 4>(r);
+  add_one<128, KS, KB, VS, VB, 4>(r);
+#endif
 }
 
 const std::vector<PrefillEntry>& registry() {
@@ -42,15 +54,16 @@ const std::vector<PrefillEntry>& registry() {
   return r;
 }
 
-const PrefillEntry* find(const AttnConfigKey& k) {
+const PrefillEntry* find(const AttnConfigKey& k, int rows) {
   for (const PrefillEntry& e : registry())
     if (e.d == k.head_dim && e.ks == k.key_sub_dim && e.kb == k.key_bits && e.vs == k.value_sub_dim &&
-        e.vb == k.value_bits)
+        e.vb == k.value_bits && (rows == 0 || e.rows == rows))
       return &e;
   return nullptr;
 }
 
 std::atomic<int> g_prefill_mode{kPrefillAuto};
+std::atomic<int> g_block_rows{0};
 std::atomic<long long> g_prefill_launches{0};
 
 }  // namespace
@@ -58,14 +71,28 @@ std::atomic<long long> g_prefill_launches{0};
 int set_prefill_mode(int mode) { return g_prefill_mode.exchange(mode); }
 int prefill_mode() { return g_prefill_mode.load(); }
 long long prefill_launches() { return g_prefill_launches.load(); }
-bool prefill_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
+bool prefill_compiled(const AttnConfigKey& k, int rows) { return find(k, rows) != nullptr; }
+bool prefill_auto_on_codes(const AttnConfigKey& k) {
+  const PrefillEntry* e = find(k, kPrefillAutoRows);
+  return e != nullptr && e->full_copies;
+}
+int set_prefill_block_rows(int rows) {
+  VQ_CHECK_VALUE(rows == 0 || rows == 64 || rows == 128, "prefill block rows: 0 (automatic), 64 or 128, got " << rows);
+  return g_block_rows.exchange(rows);
+}
+int prefill_block_rows(const AttnParams& p) {
+  const int forced = g_block_rows.load();
+  (void)p;  // one size serves exact rows and codes alike (run 121: 128 rows 2-5% faster over exact rows)
+  return forced != 0 ? forced : kPrefillAutoRows;
+}
 
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
-  const PrefillEntry* e = find(k);
+  const PrefillEntry* e = find(k, prefill_block_rows(p));
   VQ_CHECK_T(e != nullptr, UnsupportedError,
              "CUDA prefill attention: no kernel for head_dim " << k.head_dim << ", keys d" << k.key_sub_dim << "b"
                                                                 << k.key_bits << ", values d" << k.value_sub_dim << "b"
-                                                                << k.value_bits);
+                                                                << k.value_bits << " in blocks of "
+                                                                << prefill_block_rows(p) << " rows");
   const int k_row = ((k.head_dim / k.key_sub_dim * k.key_bits + 7) / 8 + 3) / 4 * 4;
   const int v_row = ((k.head_dim / k.value_sub_dim * k.value_bits + 7) / 8 + 3) / 4 * 4;
   VQ_CHECK_T(p.win_all || (p.k_row_stride == k_row && p.v_row_stride == v_row), UnsupportedError,
@@ -87,10 +114,10 @@ void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   const int kfmt = k.cb_fmt == 0 ? 0 : k.cb_fmt == 1 ? 1 : 2;
   const int vfmt = k.cb_fmt == 1 ? 1 : k.cb_fmt == 3 ? 3 : 0;
   const int G = p.n_heads / p.n_kv_heads;
-  const dim3 grid(unsigned((int64_t(G) * p.q_len + kPrefillRows - 1) / kPrefillRows), unsigned(p.n_kv_heads),
+  const dim3 grid(unsigned((int64_t(G) * p.q_len + e->rows - 1) / e->rows), unsigned(p.n_kv_heads),
                   unsigned(p.batch));
   void* args[] = {const_cast<AttnParams*>(&p), const_cast<int*>(&kfmt), const_cast<int*>(&vfmt)};
-  VQ_CUDA_CHECK(cudaLaunchKernel(e->kernel, grid, dim3(128), args, size_t(e->smem), as_stream(stream)));
+  VQ_CUDA_CHECK(cudaLaunchKernel(e->kernel, grid, dim3(unsigned(e->rows * 2)), args, size_t(e->smem), as_stream(stream)));
   g_prefill_launches.fetch_add(1);
 }
 

@@ -401,10 +401,11 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
               run_bf16, worst, kAttnNmse);
 }
 
-// Eager calls with more than 16 queries: the prefill kernel (64 rows a block, run 116) where its
-// grid fills the device, else the decode kernel's row chunks in as few launches as the grid
-// allows (run 115; before: one launch per 16 queries). Every path against the oracle: the
-// prefill kernel forced (kPrefillAlways) in every codebook format, and the decode kernel's
+// Eager calls with more than 16 queries: the prefill kernel (64 or 128 rows a block, runs 116
+// and 121) where its grid fills the device, else the decode kernel's row chunks in as few
+// launches as the grid allows (run 115; before: one launch per 16 queries). Every path against
+// the oracle: the prefill kernel forced (kPrefillAlways) with either block size in every
+// codebook format (its interleaved codebook copies differ per format and size), and the decode kernel's
 // row chunks with any number of queries per launch (every launch planned for itself, the last
 // one short), each launch's rows under their own causal and sliding-window bounds.
 TEST(CudaAttention, PrefillPathsMatchTheOracle) {
@@ -425,19 +426,25 @@ TEST(CudaAttention, PrefillPathsMatchTheOracle) {
     if (!compiled(a.spec, a.D)) continue;
     const std::vector<CodebookFormat> fmts = {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8,
                                               CodebookFormat::I8KV};
-    for (CodebookFormat fmt : fmts) {
-      SCOPED_TRACE(describe(a) + " prefill kernel, " + codebook_format_name(fmt));
-      const int prev = cuda::set_prefill_mode(cuda::kPrefillAlways);
-      const long long before = cuda::prefill_launches();
-      std::mt19937_64 case_rng(seed ^ uint64_t(a.q_len));
-      double vs_f32 = 0;
-      const double e = run_attn_case(a, case_rng, fmt, &vs_f32);
-      cuda::set_prefill_mode(prev);
-      EXPECT_LE(e, kAttnNmse);
-      EXPECT_LE(vs_f32, 5e-2);
-      const bool ran = cuda::prefill_launches() > before;
-      EXPECT_EQ(ran, cuda::prefill_compiled({a.D, a.spec.ks, a.spec.kb, a.spec.vs, a.spec.vb, 1}));
-      prefill_runs += ran;
+    for (int rows : {64, 128}) {
+      if (!cuda::prefill_compiled({a.D, a.spec.ks, a.spec.kb, a.spec.vs, a.spec.vb, 1}, rows)) continue;  // 64: VQ_CUDA_VARIANTS
+      for (CodebookFormat fmt : fmts) {
+        SCOPED_TRACE(describe(a) + " prefill kernel, blocks of " + std::to_string(rows) + " rows, " +
+                     codebook_format_name(fmt));
+        const int prev = cuda::set_prefill_mode(cuda::kPrefillAlways);
+        const int prev_rows = cuda::set_prefill_block_rows(rows);
+        const long long before = cuda::prefill_launches();
+        std::mt19937_64 case_rng(seed ^ uint64_t(a.q_len));
+        double vs_f32 = 0;
+        const double e = run_attn_case(a, case_rng, fmt, &vs_f32);
+        cuda::set_prefill_block_rows(prev_rows);
+        cuda::set_prefill_mode(prev);
+        EXPECT_LE(e, kAttnNmse);
+        EXPECT_LE(vs_f32, 5e-2);
+        const bool ran = cuda::prefill_launches() > before;
+        EXPECT_TRUE(ran);
+        prefill_runs += ran;
+      }
     }
     for (int per_launch : {0, 16, 40, 7}) {
       SCOPED_TRACE(describe(a) + " decode kernel, queries per launch " + std::to_string(per_launch));
@@ -453,6 +460,43 @@ TEST(CudaAttention, PrefillPathsMatchTheOracle) {
     }
   }
   EXPECT_GT(prefill_runs, 0);
+}
+
+// Which path an eager call of many queries takes by default (cuda::kPrefillAuto), and that it
+// answers as the oracle: the prefill kernel for a coded cache whose 128-row kernel gathers
+// without bank conflicts (d4b8/d4b8) and for a cache of exact rows (Standard) once the chunk's
+// blocks fill the device; the decode kernel's row chunks for the defaults (d4b12 keys: 4 of 16
+// codebook copies, slower than the row chunks at long histories, run 121) and for a chunk too
+// small to fill the device.
+TEST(CudaAttention, AutoPrefillRouting) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0xA17;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  const int big_q = 16 * ((sms + 7) / 8) + 16;  // ceil(4·q / 64) · 8 kv heads >= sms
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  struct Route {
+    AttnCase a;
+    bool prefill;
+  };
+  const std::vector<Route> routes = {
+      {{d4b8, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, true},
+      {{d4b8, 128, 1, 8, 4, 300, big_q, 64, true, 0, DType::F16, CacheMode::Standard, 1}, true},
+      {{dflt, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},
+      {{d4b8, 128, 1, 1, 4, 700, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},  // 2 blocks
+  };
+  ASSERT_EQ(cuda::prefill_mode(), int(cuda::kPrefillAuto));
+  for (const Route& r : routes) {
+    if (!compiled(r.a.spec, r.a.D)) continue;
+    SCOPED_TRACE(describe(r.a));
+    const long long before = cuda::prefill_launches();
+    const double e = run_attn_case(r.a, rng, CodebookFormat::I8);
+    EXPECT_LE(e, kAttnNmse);
+    const bool ran = cuda::prefill_launches() > before;
+    EXPECT_EQ(ran, r.prefill && cuda::prefill_compiled({r.a.D, r.a.spec.ks, r.a.spec.kb, r.a.spec.vs, r.a.spec.vb, 1}));
+  }
 }
 
 // Split launches merge their partials either as one thread-block cluster per segment
