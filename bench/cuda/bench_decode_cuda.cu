@@ -29,6 +29,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/encode_grid.h"
@@ -397,7 +398,8 @@ int main(int argc, char** argv) {
     struct PCase {
       int hist, q;
     };
-    const std::vector<PCase> pcases = {{0, 4096}, {8192, 512}, {32768, 512}, {32768, 2048}};
+    // (3072 x 1024: the defaults' routing threshold, cuda::kPrefillShortHistory = 4 chunks of tokens)
+    const std::vector<PCase> pcases = {{0, 4096}, {3072, 1024}, {8192, 512}, {32768, 512}, {32768, 2048}};
     struct PCfg {
       std::string name;
       CacheKind kind;
@@ -800,8 +802,11 @@ int main(int argc, char** argv) {
       std::printf("\n");
     }
     if (cuda::attn_config_compiled(key))
-      for (int S : {8, 12, 16, 24, 32})
-        split_rows.push_back(measure("d4b8/d4b8 splits=" + std::to_string(S), s, 1, 131072, false,
+      for (auto [B, L, S] : std::vector<std::tuple<int, int, int>>{
+               {1, 131072, 8}, {1, 131072, 12}, {1, 131072, 16}, {1, 131072, 24}, {1, 131072, 32},
+               // 64 x 16384: 512 segments on 132 SMs; the planner's 1 split (3.9 waves) against 2 and 3
+               {64, 16384, 1}, {64, 16384, 2}, {64, 16384, 3}})
+        split_rows.push_back(measure("d4b8/d4b8 splits=" + std::to_string(S), s, B, L, false,
                                      cuda::attn_blocks_per_sm(key, dev),
                                      [&](const cuda::AttnParams& p) { cuda::attn_launch(key, p, nullptr); }, S));
   }

@@ -41,7 +41,7 @@ def time_it(fn, reps, flush):
     return ts[len(ts) // 2] * 1e3  # us
 
 
-PREFILL_CASES = [(0, 4096), (8192, 512), (32768, 512), (32768, 2048)]
+PREFILL_CASES = [(0, 4096), (3072, 1024), (8192, 512), (32768, 512), (32768, 2048)]
 
 
 def prefill(a):

@@ -69,7 +69,7 @@ PQSpec parse_spec(const std::map<std::string, std::string>& m, const char* prefi
   PQSpec spec;
   spec.sub_dim = int(parse_int(m, p + "_sub_dim", 1, 16));
   spec.codebook_bits = int(parse_int(m, p + "_codebook_bits", 1, 16));
-  const std::string& cfg = require(m, p + "_config");
+  const std::string cfg = require(m, p + "_config");
   VQ_CHECK_FORMAT(cfg == spec.str(), "artifact: metadata '" << p << "_config' = '" << cfg.substr(0, 40)
                                                             << "' disagrees with " << p << "_sub_dim/"
                                                             << p << "_codebook_bits (" << spec.str() << ")");
@@ -127,7 +127,7 @@ Artifact load_from(const SafetensorsFile& f) {
   a.key_spec = parse_spec(m, "key");
   a.value_spec = parse_spec(m, "value");
   a.alpha = float(parse_double("alpha", require(m, "alpha")));
-  const std::string& tr = require(m, "key_transform");
+  const std::string tr = require(m, "key_transform");
   VQ_CHECK_FORMAT(tr == "smooth+hadamard" || tr == "smooth" || tr == "hadamard" || tr == "none",
                   "artifact: metadata 'key_transform' = '" << tr.substr(0, 40)
                                                            << "' (expected smooth+hadamard, smooth, hadamard or none)");

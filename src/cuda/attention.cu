@@ -92,22 +92,23 @@ std::string key_str(const AttnConfigKey& k) {
 /// 64 KB-aligned codebook layout, that dynamic shared memory starts where it was sized for:
 /// after the 0 or 1 KB the driver reserves per block, as on sm_80/sm_90).
 void ensure_smem_attr(const AttnEntry& e) {
-  static std::mutex mu;
-  static std::set<std::pair<int, const void*>> done;
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({dev, e.kernel})) return;
   if (e.prmt) {
+    static std::atomic<int> reserved_ok[64] = {};  // per device: 0 unchecked, 1 checked
+    int dev = 0;
+    VQ_CUDA_CHECK(cudaGetDevice(&dev));
+    if (dev >= 0 && dev < 64 && reserved_ok[dev].load() != 0) {
+      raise_smem_limit(e.kernel, size_t(e.smem));
+      return;
+    }
     int reserved = 0;
     VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
     VQ_CHECK_T(reserved == 0 || reserved == 1024, UnsupportedError,
                "CUDA attention: device " << dev << " reserves " << reserved
                                          << " bytes of shared memory per block; the 8-bit codebook layout of "
                                          << key_str(e.key) << " is sized for 0 or 1024");
+    if (dev >= 0 && dev < 64) reserved_ok[dev].store(1);
   }
-  VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-  done.insert({dev, e.kernel});
+  raise_smem_limit(e.kernel, size_t(e.smem));
 }
 
 std::atomic<bool> g_cluster_allowed{true};

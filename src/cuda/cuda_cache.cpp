@@ -443,9 +443,10 @@ class CudaCacheBase : public CudaKVCache {
     // More than 16 queries of an eager call: the prefill kernel (128 rows a block, the history
     // unsplit) where it is compiled and its blocks fill the device once, over exact rows (the
     // fp16 cache, Standard caches: 4.8-9.0x the row chunks, run 121) and over codes whose
-    // kernel gathers without bank conflicts (cuda::prefill_auto_on_codes: d4b8 1.04-1.24x the
-    // row chunks); other coded caches (the defaults: 0.89-0.91x at 32768 tokens of history)
-    // keep the decode kernel's row chunks. kPrefillAlways runs it everywhere (tests).
+    // kernel gathers without bank conflicts (d4b8 1.04-1.24x the row chunks); other coded
+    // caches (the defaults) only over a short history, a prompt or an early chunk (1.24x on a
+    // 4096-token prompt, 0.90-0.93x at 32768 tokens of history): cuda::prefill_auto_on_codes.
+    // kPrefillAlways runs it everywhere (tests).
     const int G = H / n_kv_heads_;
     const int pmode = cuda::prefill_mode();
     bool prefill = false;
@@ -453,7 +454,7 @@ class CudaCacheBase : public CudaKVCache {
       cuda::AttnParams probe;
       fill_attn(probe);
       prefill = pmode == cuda::kPrefillAlways ||
-                ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1))) &&
+                ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1), offset(), Q)) &&
                  (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows * n_kv_heads_ * batch_ >= n_sms_);
     }
     const int per_launch = use_plan ? 16 : prefill ? Q : launch_queries(H);

@@ -6,7 +6,11 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
 
 #include "veloxquant/dtype.h"
 #include "veloxquant/error.h"
@@ -22,6 +26,21 @@
 namespace veloxquant::cuda {
 
 inline cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+/// Raises a kernel's dynamic shared-memory limit to `bytes` on the current device, once: a later
+/// call asking no more returns without touching the driver (so a decode step captured after its
+/// first eager launch does no configuration inside the capture). Safe from several host threads.
+inline void raise_smem_limit(const void* kernel, size_t bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, size_t> raised;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  size_t& have = raised[{dev, kernel}];
+  if (have >= bytes) return;
+  VQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  have = bytes;
+}
 
 // ---- loads and stores by runtime dtype (F32 = 0, F16 = 1, BF16 = 2) -----------------------
 __device__ __forceinline__ float load_f(const void* base, DType dt, int64_t i) {

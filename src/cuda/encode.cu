@@ -1143,13 +1143,7 @@ void encode_t(const EncodeParams& p, cudaStream_t s) {
   const size_t smem = size_t(staged) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * D * 4 +
                       size_t(kEncWarps) * TPJ * kNSub * 4 + size_t(kEncWarps) * 32 * SPL * 8;
   auto kern = vq_encode_kernel<D, SD, SPL, CS>;
-  static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  if (smem > 48 * 1024 && smem_set[dev & 15] < smem) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_set[dev & 15] = smem;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kern), smem);  // once per device (a decode step may be captured)
   int blocks;
   if (CS == 1) {
     int per_sm = 1;
@@ -1171,13 +1165,7 @@ void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
   const size_t smem = size_t(nmax) * (SD + 1) * 4 + size_t(kEncWarps) * TPJ * kNSub * 4 +
                       (p.deq_outside ? size_t(kEncWarps) * TPJ * D * 4 : 0);
   auto kern = vq_encode_bulk_kernel<D, SD, SPL, GRID>;
-  static thread_local size_t smem_set[16] = {};  // raised once per device (a decode step may be captured)
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  if (smem > 48 * 1024 && smem_set[dev & 15] < smem) {
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    smem_set[dev & 15] = smem;
-  }
+  raise_smem_limit(reinterpret_cast<const void*>(kern), smem);  // once per device (a decode step may be captured)
   const int64_t n_th = int64_t(p.batch) * p.n_kv_heads * p.n_new;
   const int64_t jobs = (n_th + TPJ - 1) / TPJ;
   int per_sm = 1;

@@ -141,17 +141,21 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
 /// window, 128 query rows per block (64 with VQ_CUDA_VARIANTS), the history unsplit.
 /// prefill_compiled: whether (head_dim, key spec, value spec) has a prefill kernel with blocks
 /// of `rows` rows (0: any; n_tiles ignored; every codebook format runs on it).
-/// prefill_auto_on_codes: whether kPrefillAuto takes it for coded caches too: its 128-row kernel
-/// holds enough codebook copies for conflict-free gathers (d4b8/d4b8 and d8b8/d8b8; run 121:
-/// d4b8 1.04-1.24x over the row chunks, the defaults, with 4 of 16 key copies, 0.89-0.91x at
-/// 32768 tokens of history). prefill_launch: one launch for all of p's rows (p.n_row_chunks,
+/// prefill_auto_on_codes: whether kPrefillAuto takes it for a coded cache holding `tokens` tokens
+/// a sequence (the chunk's included) when a chunk of q_len queries attends: always where its
+/// 128-row kernel holds enough codebook copies for conflict-free gathers (d4b8/d4b8 and
+/// d8b8/d8b8; run 122: d4b8 1.04-1.24x over the row chunks), otherwise (the defaults: 4 of 16
+/// key copies) only while tokens <= kPrefillShortHistory · q_len, a prompt or an early chunk of
+/// one (run 123: the defaults 1.24x the row chunks on a 4096-token prompt, 0.90-0.93x at 32768
+/// tokens of history). prefill_launch: one launch for all of p's rows (p.n_row_chunks,
 /// n_splits and the workspace are ignored; eager calls only: p.n_new = 0). kPrefillRows: the
 /// row granularity of the routing rule (a chunk takes the prefill kernel once
 /// ceil(G·q_len / 64) · n_kv_heads · batch reaches the multiprocessor count).
 constexpr int kPrefillRows = 64;
 constexpr int kPrefillAutoRows = 128;
 bool prefill_compiled(const AttnConfigKey& k, int rows = 0);
-bool prefill_auto_on_codes(const AttnConfigKey& k);
+constexpr int kPrefillShortHistory = 4;
+bool prefill_auto_on_codes(const AttnConfigKey& k, int64_t tokens, int q_len);
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);
 /// Query rows per prefill block: 128 (8 warps, one block a multiprocessor: each dequantized tile
 /// serves 128 rows; the default) or 64 (4 warps, two blocks; VQ_CUDA_VARIANTS builds only).
@@ -163,8 +167,8 @@ int set_prefill_block_rows(int rows);
 int prefill_block_rows(const AttnParams& p);
 /// When eager calls of more than 16 queries use the prefill kernel (where it is compiled):
 /// kPrefillAuto (the default) for caches whose every token is an exact row (the fp16 cache,
-/// Standard caches; since run 116) and for coded caches with prefill_auto_on_codes (since run
-/// 121), when ceil(G·q_len / kPrefillRows) · n_kv_heads · batch reaches the multiprocessor count
+/// Standard caches; since run 116) and for coded caches where prefill_auto_on_codes says so
+/// (since run 122), when ceil(G·q_len / kPrefillRows) · n_kv_heads · batch reaches the multiprocessor count
 /// (fewer blocks leave the device idle: the decode kernel's row chunks split the history);
 /// kPrefillAlways (tests: every cache, every size); kPrefillOff (the decode kernel's row chunks:
 /// the benchmark's A/B). Process-wide; returns the previous mode.

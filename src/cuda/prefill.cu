@@ -4,8 +4,6 @@
 // and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows.
 // Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
-#include <mutex>
-#include <set>
 #include <utility>
 #include <vector>
 
@@ -72,9 +70,10 @@ int set_prefill_mode(int mode) { return g_prefill_mode.exchange(mode); }
 int prefill_mode() { return g_prefill_mode.load(); }
 long long prefill_launches() { return g_prefill_launches.load(); }
 bool prefill_compiled(const AttnConfigKey& k, int rows) { return find(k, rows) != nullptr; }
-bool prefill_auto_on_codes(const AttnConfigKey& k) {
+bool prefill_auto_on_codes(const AttnConfigKey& k, int64_t tokens, int q_len) {
   const PrefillEntry* e = find(k, kPrefillAutoRows);
-  return e != nullptr && e->full_copies;
+  if (e == nullptr) return false;
+  return e->full_copies || tokens <= int64_t(kPrefillShortHistory) * q_len;
 }
 int set_prefill_block_rows(int rows) {
   VQ_CHECK_VALUE(rows == 0 || rows == 64 || rows == 128, "prefill block rows: 0 (automatic), 64 or 128, got " << rows);
@@ -99,23 +98,16 @@ void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
              "CUDA prefill attention: code rows of " << p.k_row_stride << " / " << p.v_row_stride
                                                      << " bytes, the kernel reads " << k_row << " / " << v_row);
   VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
-  {
-    static std::mutex mu;
-    static std::set<std::pair<int, const void*>> done;
-    int dev = 0;
-    VQ_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(mu);
-    if (!done.count({dev, e->kernel})) {
-      VQ_CUDA_CHECK(cudaFuncSetAttribute(e->kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e->smem));
-      done.insert({dev, e->kernel});
-    }
-  }
+  raise_smem_limit(e->kernel, size_t(e->smem));
   // codebook formats (CodebookFormat): keys fp16 / E4M3 / int8 / int8; values fp16 / E4M3 / fp16 / offset int8
   const int kfmt = k.cb_fmt == 0 ? 0 : k.cb_fmt == 1 ? 1 : 2;
   const int vfmt = k.cb_fmt == 1 ? 1 : k.cb_fmt == 3 ? 3 : 0;
   const int G = p.n_heads / p.n_kv_heads;
-  const dim3 grid(unsigned((int64_t(G) * p.q_len + e->rows - 1) / e->rows), unsigned(p.n_kv_heads),
-                  unsigned(p.batch));
+  const int64_t row_blocks = (int64_t(G) * p.q_len + e->rows - 1) / e->rows;
+  VQ_CHECK_T(row_blocks <= 65535, UnsupportedError,
+             "CUDA prefill attention: " << row_blocks << " blocks of " << e->rows << " rows (" << p.q_len
+                                        << " queries x " << G << " heads a kv head) pass gridDim.y (65535)");
+  const dim3 grid(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));  // heaviest row blocks first
   void* args[] = {const_cast<AttnParams*>(&p), const_cast<int*>(&kfmt), const_cast<int*>(&vfmt)};
   VQ_CUDA_CHECK(cudaLaunchKernel(e->kernel, grid, dim3(unsigned(e->rows * 2)), args, size_t(e->smem), as_stream(stream)));
   g_prefill_launches.fetch_add(1);

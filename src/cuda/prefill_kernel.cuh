@@ -21,10 +21,12 @@
 // decode kernel's row chunks): over exact rows (the fp16 cache, Standard caches) 3.7-4.0x
 // faster; over d4b8/d4b8 codes 1.04-1.24x; over the defaults (d4b12 keys: a 32 KB codebook,
 // 4 copies) 1.10x on a 4096-token prompt but 0.89-0.91x at 32768 tokens of history, so those
-// keep the row chunks by default (cuda::prefill_auto_on_codes). History: run 116 (v1, 64
+// take it by default over a short history only (cuda::prefill_auto_on_codes; run 123, blocks
+// heaviest first: 1.24x on the prompt). History: run 116 (v1, 64
 // rows, a load or dequantization between two barriers per tile), 117 (producer / consumer
 // warps: slower, reverted), 118 (fragments a step ahead), 120 (the one-barrier pipeline:
-// the fp16 cache 1.6-2.4x), 121 (128-row blocks, codebook copies, byte codes).
+// the fp16 cache 1.6-2.4x), 121 (128-row blocks, codebook copies, byte codes), 123 (row
+// blocks launched heaviest first: -9 to -10% on a prompt without history).
 //
 // Codebooks in any CodebookFormat are turned into true fp16 centroids when staged (E4M3 and
 // int8 bytes times their scale, offset-binary int8 values recentred), so q̃ and the outputs
@@ -132,7 +134,8 @@ __device__ __forceinline__ float cb_elem(const uint16_t* cb16, const uint8_t* cb
 
 }  // namespace prefill_detail
 
-/// One block: 64 query rows (blockIdx.x) of kv head blockIdx.y of sequence blockIdx.z.
+/// One block: 128 (or 64) query rows, row block gridDim.y - 1 - blockIdx.y, of kv head blockIdx.x
+/// of sequence blockIdx.z.
 /// kfmt / vfmt: the key / value codebooks' formats (prefill_detail::cb_elem).
 ///
 /// The block's tiles, coded ones first (tokens [cA, cB) in tiles of 64), then window ones
@@ -149,9 +152,11 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
   using namespace prefill_detail;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kvh = blockIdx.y, b = blockIdx.z;
+  // blocks go out heaviest first: row blocks from the last (the longest causal prefixes), every
+  // kv head of one row block before the next, so that the light ones fill the last wave
+  const int kvh = blockIdx.x, b = blockIdx.z;
   const int G = p.n_heads / p.n_kv_heads;
-  const int rows_total = G * p.q_len, row0 = blockIdx.x * T::kRows;
+  const int rows_total = G * p.q_len, row0 = int(gridDim.y - 1 - blockIdx.y) * T::kRows;
   const int64_t bh = int64_t(b) * p.n_kv_heads + kvh;
   const uint32_t s_base = uint32_t(__cvta_generic_to_shared(smem));
   unsigned char* const sCode = smem + T::kCodeOff;

@@ -465,9 +465,10 @@ TEST(CudaAttention, PrefillPathsMatchTheOracle) {
 // Which path an eager call of many queries takes by default (cuda::kPrefillAuto), and that it
 // answers as the oracle: the prefill kernel for a coded cache whose 128-row kernel gathers
 // without bank conflicts (d4b8/d4b8) and for a cache of exact rows (Standard) once the chunk's
-// blocks fill the device; the decode kernel's row chunks for the defaults (d4b12 keys: 4 of 16
-// codebook copies, slower than the row chunks at long histories, run 121) and for a chunk too
-// small to fill the device.
+// blocks fill the device; for the defaults (d4b12 keys: 4 of 16 codebook copies, slower than
+// the row chunks at long histories, runs 121-123) only while the cache holds at most
+// kPrefillShortHistory chunks of tokens; the decode kernel's row chunks for a chunk too small
+// to fill the device.
 TEST(CudaAttention, AutoPrefillRouting) {
   VQ_SKIP_WITHOUT_GPU();
   const uint64_t seed = 0xA17;
@@ -484,7 +485,10 @@ TEST(CudaAttention, AutoPrefillRouting) {
   const std::vector<Route> routes = {
       {{d4b8, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, true},
       {{d4b8, 128, 1, 8, 4, 300, big_q, 64, true, 0, DType::F16, CacheMode::Standard, 1}, true},
-      {{dflt, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},
+      // the defaults: over a short history only (tokens <= kPrefillShortHistory · chunk)
+      {{dflt, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, true},
+      {{dflt, 128, 1, 8, 4, cuda::kPrefillShortHistory * big_q, big_q, 128, true, 0, DType::F16,
+        CacheMode::MemoryBound, 1}, false},
       {{d4b8, 128, 1, 1, 4, 700, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},  // 2 blocks
   };
   ASSERT_EQ(cuda::prefill_mode(), int(cuda::kPrefillAuto));
