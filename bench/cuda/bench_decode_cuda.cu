@@ -321,7 +321,7 @@ int main(int argc, char** argv) {
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
-       value_gathers = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
+       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -335,6 +335,7 @@ int main(int argc, char** argv) {
     else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
+    else if (a == "--window-last") window_last = true;  // A/B: residual window after the coded tokens (before run 125)
     else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
@@ -344,6 +345,7 @@ int main(int argc, char** argv) {
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   cuda::attn_set_cluster_merge(!no_cluster);
   cuda::attn_set_rows4(!no_rows4);
+  cuda::attn_set_window_first(!window_last);
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
     return 0;

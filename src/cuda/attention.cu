@@ -116,6 +116,8 @@ std::atomic<long long> g_cluster_launches{0};
 std::atomic<int> g_hint_shift{0};  // attn_set_hint_shift (tests)
 std::atomic<long long> g_hinted_launches{0};
 std::atomic<bool> g_rows4_allowed{true};
+std::atomic<bool> g_window_first{true};  // attn_set_window_first
+std::atomic<long long> g_window_first_launches{0};
 std::atomic<long long> g_rows4_launches{0};
 
 /// The entry a launch of configuration k with p's shape runs (before the two-blocks choice):
@@ -221,6 +223,8 @@ bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
 
 bool attn_set_cluster_merge(bool allowed) { return g_cluster_allowed.exchange(allowed); }
 bool attn_set_rows4(bool allowed) { return g_rows4_allowed.exchange(allowed); }
+bool attn_set_window_first(bool on) { return g_window_first.exchange(on); }
+long long attn_window_first_launches() { return g_window_first_launches.load(); }
 long long attn_rows4_launches() { return g_rows4_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
 
@@ -302,9 +306,12 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
   }
   ensure_smem_attr(*e);
   if (p.hint_chunk > 0) g_hinted_launches.fetch_add(1);
-  if (const int shift = g_hint_shift.load(); shift != 0 && p.hint_chunk > 0) {  // test hook
+  if (e->win_first && p.window_first && g_window_first.load() && !p.win_all) g_window_first_launches.fetch_add(1);
+  const int shift = g_hint_shift.load();
+  if ((shift != 0 && p.hint_chunk > 0) || (p.window_first && !g_window_first.load())) {  // test and A/B hooks
     AttnParams q = p;
-    q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
+    if (shift != 0 && p.hint_chunk > 0) q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
+    if (!g_window_first.load()) q.window_first = 0;
     launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
     return;
   }

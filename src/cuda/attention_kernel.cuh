@@ -173,6 +173,13 @@ struct AttnTraits {
   }
   static_assert(vswz_splits(), "value-row swizzle must split into a lane part and a row part");
   static constexpr int kRingBytes = PIPE * W * kStageBytes;
+  // exact window tokens a warp stages per round through its ring after the coded tokens (K and V
+  // rows of D fp16); 0: the ring is too small, the window rows go through registers, and before
+  // the coded tokens (AttnParams::window_first)
+  static constexpr int kWinStaged = PIPE * kStageBytes >= 2 * 16 * D * 2 ? 16 : PIPE * kStageBytes >= 2 * 8 * D * 2 ? 8 : 0;
+  // ... and with a ring, whose first stages are in flight while the window goes first (the
+  // register-tile kernels, PIPE = 0, load their first tile only when the loop starts)
+  static constexpr bool kWinFirst = kWinStaged == 0 && PIPE > 0;
   // Query buffers (fp16 q̃ and raw q): row r's quarter u, the D/4 elements lane (g, t) = (r, u)
   // reads as its MMA A fragments, is one segment of kQSegB bytes; the 16-byte pad puts the 8
   // lanes of a 128-bit shared-memory phase in 8 different bank groups (unpadded rows: 16-way).
@@ -1139,6 +1146,211 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
   };
 
+  // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
+  constexpr int kWinStaged = T::kWinStaged;
+  auto window_tokens = [&](auto bf16_tag, bool regs, int rot) {
+    constexpr bool kBf16 = decltype(bf16_tag)::value;
+    load_qa(sQr);
+    const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
+    const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
+    auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
+    // The residual window (a few hundred tokens at most) is latency-bound: each warp takes
+    // kWT tokens at a time, copies their K and V rows into its own (now idle) ring stages with
+    // one cp.async round trip, and runs the tile from shared memory (slots >= kWT masked).
+    // The fp16 cache's launches (every token in the window) stream in full register tiles.
+    // Staged rows are padded by 16 bytes where that costs no tokens per round, so the quads'
+    // vector reads of rows g (keys) and 2t + e (values) spread over the bank groups (unpadded:
+    // 8-way conflicts); a ring too small for padded rows stages them unpadded.
+    constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes;
+    constexpr int kWTRaw = kWinStaged;
+    constexpr int kWT = kWTRaw;
+    if constexpr (kWT > 0) {
+      constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
+      constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
+      // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
+      // and no d8-value kernel has a ring large enough to stage the window anyway)
+      if (!p.win_all && p.window_staged && !regs && !(T::kLdsmV && nm)) {
+        unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
+        unsigned char* const wv = wk + kWT * kRowP;
+        const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowP;
+        for (int base = w0 + warp * kWT; base < w1; base += T::kWarps * kWT) {
+          const int n = min(kWT, w1 - base);
+          for (int i = lane; i < n * (kRowB / 16); i += 32) {
+            const int r = i / (kRowB / 16), off = (i % (kRowB / 16)) * 16;
+            cp_async16(wk_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(kwin + slot(base + r) * D) + off);
+            cp_async16(wv_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(vwin + slot(base + r) * D) + off);
+          }
+          cp_async_commit();
+          cp_async_wait<0>();
+          __syncwarp();
+          auto row_words = [&](const unsigned char* rows, int sl, int d0, auto& w) {
+            constexpr int NWd = int(sizeof(w) / 4);
+            const unsigned char* src = rows + min(sl, n - 1) * kRowP + d0 * 2;
+            uint32_t x[NWd];
+            if constexpr (NWd == 4) {
+              const uint4 v = *reinterpret_cast<const uint4*>(src);
+              x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
+            } else if constexpr (NWd == 2) {
+              const uint2 v = *reinterpret_cast<const uint2*>(src);
+              x[0] = v.x, x[1] = v.y;
+            } else {
+#pragma unroll
+              for (int j = 0; j < NWd; ++j) x[j] = reinterpret_cast<const uint32_t*>(src)[j];
+            }
+#pragma unroll
+            for (int j = 0; j < NWd; ++j) {
+              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
+              w[j] = sl < n ? x[j] : 0u;
+            }
+          };
+          // one k-tile of scores (kWT <= 16 tokens): softmax_pv runs on it alone, not on a whole
+          // KT-k-tile warp tile of which all but the first would be masked (run 58, ncu: ~1400
+          // instructions per warp for its 16 window tokens at 64 x 16384, 8x a coded token's)
+          float s[1][2][4];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[0][h][e] = -INFINITY;
+          {
+            float s0[2][4], s1[2][4];
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int e = 0; e < 4; ++e) s0[h][e] = score_init(e), s1[h][e] = 0.0f;
+#pragma unroll
+            for (int i = 0; i < T::kKSpt; ++i) {
+              const int d0 = (t * T::kKSpt + i) * KS;
+              uint32_t e0[KS / 2];
+              [[maybe_unused]] uint32_t e1[KS / 2];  // kWT == 16 only
+              row_words(wk, g, d0, e0);
+              if constexpr (kWT == 16) row_words(wk, g + 8, d0, e1);
+              score_sub(i, e0, e1, s0, s1, integral_constant<bool, false>{}, integral_constant<int, kWT / 8>{});
+            }
+            fold(s0, s1, integral_constant<bool, false>{});
+#pragma unroll
+            for (int h = 0; h < kWT / 8; ++h)
+#pragma unroll
+              for (int e = 0; e < 2 * NT; ++e) s[0][h][e] = s0[h][e];
+          }
+          mask_scores(s, base, base + n);
+          softmax_pv(s, std::false_type{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+            const int d0 = (g * T::kVSpt + i) * VS;
+#pragma unroll
+            for (int q = 0; q < 4; ++q) row_words(wv, kt * 16 + vtok(q), d0, vw[q]);
+          });
+          __syncwarp();  // every lane is done with the stage before the next copy
+        }
+        return;
+      }
+    }
+    // (rot: round r goes to warp (rot + r) mod W, so the window-first rounds land on the warps
+    // with one code tile fewer; 0 after the coded tokens)
+    const int wr = warp >= rot ? warp - rot : warp + T::kWarps - rot;
+    for (int base = w0 + wr * T::kWarpTok; base < w1; base += T::kBlockTok) {
+      float s[KT][2][4];
+#pragma unroll
+      for (int kt = 0; kt < KT; ++kt) {
+        float s1[2][4];
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[kt][h][e] = score_init(e), s1[h][e] = 0.0f;
+        const int p0 = base + kt * 16 + g, p1 = p0 + 8;
+        const uint16_t* r0 = kwin + slot(min(p0, w1 - 1)) * D;
+        const uint16_t* r1 = kwin + slot(min(p1, w1 - 1)) * D;
+#pragma unroll
+        for (int i = 0; i < T::kKSpt; ++i) {
+          const int d0 = (t * T::kKSpt + i) * KS;
+          uint32_t e0[KS / 2], e1[KS / 2];
+          ldg_row<2 * KS, kBf16>(r0 + d0, p0 < w1, e0);
+          ldg_row<2 * KS, kBf16>(r1 + d0, p1 < w1, e1);
+          score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, false>{}, integral_constant<int, 2>{});
+        }
+        fold(s[kt], s1, integral_constant<bool, false>{});
+      }
+      mask_scores(s, base, w1);
+      auto gathers = [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+        const int d0 = (g * T::kVSpt + i) * VS;
+#pragma unroll
+        for (int q = 0; q < 4; ++q) {
+          const int pos = base + kt * 16 + vtok(q);
+          ldg_row<2 * VS, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
+        }
+      };
+      bool frag = false;
+      if constexpr (T::kLdsmV) {
+        frag = nm;
+        if (frag) {
+          // the ldmatrix mapping from global rows: lane (g, t) loads dims 2t, 2t + 1 of both
+          // centroids of m-tile mt for tokens g and g + 8 (four 8×8 matrices in the row layout),
+          // and movmatrix transposes each into its A-fragment register
+          softmax_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) {
+            const int p0 = base + kt * 16 + g, p1 = p0 + 8;
+            const uint16_t* r0 = vwin + slot(min(p0, w1 - 1)) * D + 16 * mt + 2 * t;
+            const uint16_t* r1 = vwin + slot(min(p1, w1 - 1)) * D + 16 * mt + 2 * t;
+            uint32_t x[4] = {__ldg(reinterpret_cast<const uint32_t*>(r0)), __ldg(reinterpret_cast<const uint32_t*>(r0 + 8)),
+                             __ldg(reinterpret_cast<const uint32_t*>(r1)), __ldg(reinterpret_cast<const uint32_t*>(r1 + 8))};
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
+              x[j] = ((j < 2 ? p0 : p1) < w1) ? x[j] : 0u;
+              a[j] = movm_trans(x[j]);
+            }
+          });
+        }
+      }
+      if (!frag) softmax_pv(s, std::false_type{}, gathers);
+    }
+  };
+
+  // ---- window first (AttnParams::window_first) -----------------------------------------------
+  // The exact window rows through registers before the coded tokens, while the ring's first
+  // stages are in flight, instead of a phase of its own after them in which every warp waits on
+  // one round trip and the block's code stream stops (~3 us of a 54 us block at 64 x 16384, run
+  // 65). Round r goes to warp (n_tiles + r) mod W: the warps with one code tile fewer.
+  // Only kernels with a ring too small to stage the window (T::kWinFirst: the defaults' 16-token
+  // warp tiles, d8 values) take it: there the window runs through registers either way, and
+  // first it overlaps the setup's latency (run 125, 64 x 16384: the defaults' int8-key kernel
+  // 302.5 -> 282.1 us). Where the window is staged (d4b8), the register rounds before the
+  // loop were slower than the staged rounds after it (run 125: 206.5 -> 214.0 us, batch 1
+  // 33.0 -> 37.8 us), and those kernels compile without this branch.
+  constexpr bool kWinFirstBuilt = T::kWinFirst;
+  [[maybe_unused]] const bool win_first = kWinFirstBuilt && p.window_first && has_code && w1 > w0 && !p.win_all;
+  if constexpr (kWinFirstBuilt) if (win_first) {
+    const int n_tiles = int((int64_t(c1 - c0) + T::kWarpTok - 1) / T::kWarpTok);
+    const int rot = n_tiles % T::kWarps;
+    if (p.win_bf16) window_tokens(std::true_type{}, true, rot);
+    else window_tokens(std::false_type{}, true, rot);
+    if constexpr (kTM) {
+      // row-g state -> the token-major state of rows 2t, 2t + 1 (kR4: row t twice): the max and
+      // offset from a lane of that row, its quad-summed sum on the lanes g = 0 (the loop's sums
+      // are partial per lane and meet over g after it, see the conversion there)
+      float lq = l[0];
+      lq += __shfl_xor_sync(0xffffffffu, lq, 1);
+      lq += __shfl_xor_sync(0xffffffffu, lq, 2);
+#pragma unroll
+      for (int r = 0; r < 2; ++r) {
+        const int src = 4 * (kR4 ? 2 * t : 2 * t + r);
+        mT[r] = __shfl_sync(0xffffffffu, m[0], src);
+        mbT[r] = __shfl_sync(0xffffffffu, mb[0], src);
+        const float lr = __shfl_sync(0xffffffffu, lq, src);
+        lT[r] = g == 0 ? lr : 0.0f;
+      }
+    }
+    // E4M3 and int8 value centroids: the coded tokens' accumulators are scaled by v_cb_omul
+    // after the loop, the window's part of them is exact: divide it by that scale now
+    if constexpr (CBF == 1 || T::kV8) {
+      const float inv = 1.0f / p.v_cb_omul;
+#pragma unroll
+      for (int mt = 0; mt < T::kMTo; ++mt)
+#pragma unroll
+        for (int n = 0; n < NT; ++n)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) o[mt][n][e] *= inv;
+    }
+  }
+
+
   // ---- coded tokens -------------------------------------------------------------------------
   if (has_code) {
     if constexpr (T::kI8) load_qa8();
@@ -1470,161 +1682,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   stamp(2);
-  // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
-  auto window_tokens = [&](auto bf16_tag) {
-    constexpr bool kBf16 = decltype(bf16_tag)::value;
-    load_qa(sQr);
-    const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
-    const uint16_t* vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
-    auto slot = [&](int pos) -> int64_t { return p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos); };
-    // The residual window (a few hundred tokens at most) is latency-bound: each warp takes
-    // kWT tokens at a time, copies their K and V rows into its own (now idle) ring stages with
-    // one cp.async round trip, and runs the tile from shared memory (slots >= kWT masked).
-    // The fp16 cache's launches (every token in the window) stream in full register tiles.
-    // Staged rows are padded by 16 bytes where that costs no tokens per round, so the quads'
-    // vector reads of rows g (keys) and 2t + e (values) spread over the bank groups (unpadded:
-    // 8-way conflicts); a ring too small for padded rows stages them unpadded.
-    constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes;
-    constexpr int kWTRaw = kRing >= 2 * 16 * kRowB ? 16 : kRing >= 2 * 8 * kRowB ? 8 : 0;
-    constexpr int kWT = kWTRaw;
-    if constexpr (kWT > 0) {
-      constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
-      constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
-      // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
-      // and no d8-value kernel has a ring large enough to stage the window anyway)
-      if (!p.win_all && p.window_staged && !(T::kLdsmV && nm)) {
-        unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
-        unsigned char* const wv = wk + kWT * kRowP;
-        const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowP;
-        for (int base = w0 + warp * kWT; base < w1; base += T::kWarps * kWT) {
-          const int n = min(kWT, w1 - base);
-          for (int i = lane; i < n * (kRowB / 16); i += 32) {
-            const int r = i / (kRowB / 16), off = (i % (kRowB / 16)) * 16;
-            cp_async16(wk_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(kwin + slot(base + r) * D) + off);
-            cp_async16(wv_s + r * kRowP + off, reinterpret_cast<const unsigned char*>(vwin + slot(base + r) * D) + off);
-          }
-          cp_async_commit();
-          cp_async_wait<0>();
-          __syncwarp();
-          auto row_words = [&](const unsigned char* rows, int sl, int d0, auto& w) {
-            constexpr int NWd = int(sizeof(w) / 4);
-            const unsigned char* src = rows + min(sl, n - 1) * kRowP + d0 * 2;
-            uint32_t x[NWd];
-            if constexpr (NWd == 4) {
-              const uint4 v = *reinterpret_cast<const uint4*>(src);
-              x[0] = v.x, x[1] = v.y, x[2] = v.z, x[3] = v.w;
-            } else if constexpr (NWd == 2) {
-              const uint2 v = *reinterpret_cast<const uint2*>(src);
-              x[0] = v.x, x[1] = v.y;
-            } else {
-#pragma unroll
-              for (int j = 0; j < NWd; ++j) x[j] = reinterpret_cast<const uint32_t*>(src)[j];
-            }
-#pragma unroll
-            for (int j = 0; j < NWd; ++j) {
-              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
-              w[j] = sl < n ? x[j] : 0u;
-            }
-          };
-          // one k-tile of scores (kWT <= 16 tokens): softmax_pv runs on it alone, not on a whole
-          // KT-k-tile warp tile of which all but the first would be masked (run 58, ncu: ~1400
-          // instructions per warp for its 16 window tokens at 64 x 16384, 8x a coded token's)
-          float s[1][2][4];
-#pragma unroll
-          for (int h = 0; h < 2; ++h)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) s[0][h][e] = -INFINITY;
-          {
-            float s0[2][4], s1[2][4];
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-#pragma unroll
-              for (int e = 0; e < 4; ++e) s0[h][e] = score_init(e), s1[h][e] = 0.0f;
-#pragma unroll
-            for (int i = 0; i < T::kKSpt; ++i) {
-              const int d0 = (t * T::kKSpt + i) * KS;
-              uint32_t e0[KS / 2];
-              [[maybe_unused]] uint32_t e1[KS / 2];  // kWT == 16 only
-              row_words(wk, g, d0, e0);
-              if constexpr (kWT == 16) row_words(wk, g + 8, d0, e1);
-              score_sub(i, e0, e1, s0, s1, integral_constant<bool, false>{}, integral_constant<int, kWT / 8>{});
-            }
-            fold(s0, s1, integral_constant<bool, false>{});
-#pragma unroll
-            for (int h = 0; h < kWT / 8; ++h)
-#pragma unroll
-              for (int e = 0; e < 2 * NT; ++e) s[0][h][e] = s0[h][e];
-          }
-          mask_scores(s, base, base + n);
-          softmax_pv(s, std::false_type{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
-            const int d0 = (g * T::kVSpt + i) * VS;
-#pragma unroll
-            for (int q = 0; q < 4; ++q) row_words(wv, kt * 16 + vtok(q), d0, vw[q]);
-          });
-          __syncwarp();  // every lane is done with the stage before the next copy
-        }
-        return;
-      }
-    }
-    for (int base = w0 + warp * T::kWarpTok; base < w1; base += T::kBlockTok) {
-      float s[KT][2][4];
-#pragma unroll
-      for (int kt = 0; kt < KT; ++kt) {
-        float s1[2][4];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-#pragma unroll
-          for (int e = 0; e < 4; ++e) s[kt][h][e] = score_init(e), s1[h][e] = 0.0f;
-        const int p0 = base + kt * 16 + g, p1 = p0 + 8;
-        const uint16_t* r0 = kwin + slot(min(p0, w1 - 1)) * D;
-        const uint16_t* r1 = kwin + slot(min(p1, w1 - 1)) * D;
-#pragma unroll
-        for (int i = 0; i < T::kKSpt; ++i) {
-          const int d0 = (t * T::kKSpt + i) * KS;
-          uint32_t e0[KS / 2], e1[KS / 2];
-          ldg_row<2 * KS, kBf16>(r0 + d0, p0 < w1, e0);
-          ldg_row<2 * KS, kBf16>(r1 + d0, p1 < w1, e1);
-          score_sub(i, e0, e1, s[kt], s1, integral_constant<bool, false>{}, integral_constant<int, 2>{});
-        }
-        fold(s[kt], s1, integral_constant<bool, false>{});
-      }
-      mask_scores(s, base, w1);
-      auto gathers = [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
-        const int d0 = (g * T::kVSpt + i) * VS;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) {
-          const int pos = base + kt * 16 + vtok(q);
-          ldg_row<2 * VS, kBf16>(vwin + slot(min(pos, w1 - 1)) * D + d0, pos < w1, vw[q]);
-        }
-      };
-      bool frag = false;
-      if constexpr (T::kLdsmV) {
-        frag = nm;
-        if (frag) {
-          // the ldmatrix mapping from global rows: lane (g, t) loads dims 2t, 2t + 1 of both
-          // centroids of m-tile mt for tokens g and g + 8 (four 8×8 matrices in the row layout),
-          // and movmatrix transposes each into its A-fragment register
-          softmax_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) {
-            const int p0 = base + kt * 16 + g, p1 = p0 + 8;
-            const uint16_t* r0 = vwin + slot(min(p0, w1 - 1)) * D + 16 * mt + 2 * t;
-            const uint16_t* r1 = vwin + slot(min(p1, w1 - 1)) * D + 16 * mt + 2 * t;
-            uint32_t x[4] = {__ldg(reinterpret_cast<const uint32_t*>(r0)), __ldg(reinterpret_cast<const uint32_t*>(r0 + 8)),
-                             __ldg(reinterpret_cast<const uint32_t*>(r1)), __ldg(reinterpret_cast<const uint32_t*>(r1 + 8))};
-#pragma unroll
-            for (int j = 0; j < 4; ++j) {
-              if constexpr (kBf16) x[j] = bf16x2_to_f16x2(x[j]);
-              x[j] = ((j < 2 ? p0 : p1) < w1) ? x[j] : 0u;
-              a[j] = movm_trans(x[j]);
-            }
-          });
-        }
-      }
-      if (!frag) softmax_pv(s, std::false_type{}, gathers);
-    }
-  };
-  if (w1 > w0) {
-    if (p.win_bf16) window_tokens(std::true_type{});
-    else window_tokens(std::false_type{});
+  if (w1 > w0 && !win_first) {
+    if (p.win_bf16) window_tokens(std::true_type{}, false, 0);
+    else window_tokens(std::false_type{}, false, 0);
   }
 
 
@@ -1904,6 +1964,7 @@ struct AttnEntry {
   int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
   int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
   int rows4 = 0; ///< 1: the four-row kernel (AttnTraits::kR4), for chunks of <= 4 query rows
+  int win_first = 0; ///< 1: attends the window rows before the coded tokens (AttnTraits::kWinFirst)
 };
 
 
@@ -1920,7 +1981,8 @@ AttnEntry attn_entry() {
           T::kVRow,
           0,
           int(T::kPrmt),
-          int(T::kR4)};
+          int(T::kR4),
+          int(T::kWinFirst)};
 }
 
 /// A tuning variant (VQ_CUDA_ALL_CONFIGS builds): the kernel and the parameters it was built with.

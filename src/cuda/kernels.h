@@ -101,6 +101,11 @@ struct AttnParams {
   /// the phases (see vq_attn_kernel); null in every library call.
   unsigned long long* prof = nullptr;
   int window_staged = 1;  ///< 1: residual window rows staged through shared memory (0: register loads; A/B tests)
+  /// 1: a launch over codes and window rows attends the window rows first, through registers,
+  /// while the ring's first code stages are in flight, each round on a warp with one code tile
+  /// fewer — in the kernels whose ring cannot stage the window (AttnTraits::kWinFirst);
+  /// 0: after the coded tokens (A/B tests)
+  int window_first = 1;
   int value_ldsm = 1;     ///< 1: d8 fp16 value centroids into MMA fragments by ldmatrix.trans (0: per-lane gathers; A/B tests)
   /// Set by attn_launch, not by callers: 1 when the launch groups a segment's n_splits blocks
   /// into one thread-block cluster, whose blocks merge their partials through distributed
@@ -206,6 +211,15 @@ long long attn_cluster_launches();
 bool attn_set_rows4(bool allowed);
 /// Four-row kernel launches so far in this process (tests check which path ran).
 long long attn_rows4_launches();
+/// Process-wide switch for the window-first order (default on, AttnParams::window_first):
+/// off, every launch attends its exact window rows after the coded tokens (A/B benchmarks,
+/// tests of both orders). Only the kernels with a ring too small to stage the window rows take
+/// the window first (AttnTraits::kWinFirst: the defaults' one-row-tile kernels, d8 values); the
+/// others attend it last either way. Returns the previous setting.
+bool attn_set_window_first(bool on);
+/// Launches so far in this process by a window-first kernel with the window first on (whether
+/// or not the launch holds window rows; tests check which path ran).
+long long attn_window_first_launches();
 
 /// Tuning variants (builds with VQ_CUDA_ALL_CONFIGS): the same kernel with other warp-tile
 /// lengths (kt k-tiles of 16 tokens) and register caps (minb blocks per multiprocessor), for

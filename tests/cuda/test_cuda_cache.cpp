@@ -684,6 +684,87 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
               run, worst, worst_diff);
 }
 
+// Kernels whose ring cannot stage the window rows (the defaults' d4b12/d8b8 kernels, d8
+// values) attend them first (AttnParams::window_first: through registers before the coded
+// tokens, on the warps with one code tile fewer; the token-major kernels then carry the
+// window's softmax state into the coded loop, and E4M3 / int8 value codebooks pre-divide its
+// part of O by the scale the coded part gets after the loop) or last
+// (attn_set_window_first(false)). Both orders, on the same caches and queries, in every
+// codebook format: each against the oracle on the kernel's operands, and against each other —
+// the same products summed in another order, and each warp's running maximum, to which its
+// probabilities are rounded to fp16 for the value MMA, differs with the order: bound 4e-6 as
+// between the four-row and 8-row kernels, 50x below kAttnNmse. The launch counter must show
+// that the defaults' one-row-tile kernels took the window first and d4b8's (staged window) did
+// not; launches that took one order only must give outputs equal bit for bit in both settings.
+// Cases: the window in the last of 16 splits, batch 2 with a bf16 window, a window ring
+// (Stash), a sliding window over part of the codes, a sharp softmax (rescales at the switch),
+// head_dim 64, prefill chunks, a window only.
+TEST(CudaAttention, WindowFirstAndWindowLastAgree) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x3F1u;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  // (case, whether its launches must take the window first: the defaults' one-row-tile kernel
+  // for up to 8 query rows; d4b8's rings stage the window; 16-row chunks run register-tile
+  // kernels, which keep the window last)
+  const std::vector<std::pair<AttnCase, bool>> cases = {
+      {{dflt, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1}, true},    // 16 splits, the window in the last
+      {{dflt, 128, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1}, true},   // batch 2, a bf16 window
+      {{dflt, 128, 2, 2, 4, 2500, 2, 96, true, 0, DType::BF16, CacheMode::Stash, 1}, true},  // a window ring
+      {{dflt, 128, 1, 2, 4, 3000, 2, 128, true, 200, DType::F16, mb, 1}, true},  // sliding window: the codes in part
+      {{dflt, 128, 1, 2, 4, 700, 1, 128, true, 0, DType::F16, mb, 3}, true},     // sharp softmax
+      {{dflt, 64, 2, 2, 2, 2000, 3, 32, true, 0, DType::F32, mb, 1}, true},      // head_dim 64, 6 rows
+      {{dflt, 128, 2, 1, 4, 2000, 37, 64, true, 0, DType::F16, mb, 1}, false},   // prefill chunks
+      {{dflt, 128, 1, 2, 4, 0, 1, 16, true, 0, DType::F16, mb, 1}, false},       // window only
+      {{d4b8, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1}, false},   // d4b8: staged window, last
+      {{d4b8, 128, 2, 2, 4, 3000, 2, 128, true, 0, DType::BF16, mb, 1}, false},
+  };
+  int run = 0, first_cases = 0;
+  double worst = 0, worst_diff = 0;
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3, CodebookFormat::I8KV}) {
+    for (const auto& [a, must_first] : cases) {
+      if (!compiled(a.spec, a.D)) continue;
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      CaseCaches cc = fill_case_caches(a, rng, true, fmt);
+      Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
+      SdpaParams sp;
+      sp.causal = a.causal;
+      sp.sliding_window = a.window;
+      Tensor want = Tensor::empty(q.sizes(), DType::F32);
+      ProductQuantizer kq, vq;
+      vecinfer_attention_ref(oracle_inputs(*cc.cpu, fmt, kq, vq), q.view(), want.view(), sp);
+      const Tensor qd = to_device(q);
+      const bool prev = cuda::attn_set_window_first(true);
+      const long long before = cuda::attn_window_first_launches();
+      const std::vector<float> first = floats(cc.gpu->fused_sdpa(qd.view(), sp));
+      const long long took = cuda::attn_window_first_launches() - before;
+      cuda::attn_set_window_first(false);
+      const std::vector<float> last = floats(cc.gpu->fused_sdpa(qd.view(), sp));
+      EXPECT_EQ(cuda::attn_window_first_launches(), before + took) << "a window-first launch with the switch off";
+      cuda::attn_set_window_first(prev);
+      if (must_first) EXPECT_GT(took, 0) << "the defaults' one-row-tile kernel did not take the window first";
+      if (a.spec.kb == 8 && a.spec.vs == 4) EXPECT_EQ(took, 0) << "a d4b8 kernel took the window first";
+      const bool one_order = took == 0 || a.prefix == 0;
+      const std::vector<float> ref = want.to_vector_f32();
+      const double e1 = nmse(first, ref), e2 = nmse(last, ref), d = nmse(first, last);
+      EXPECT_LE(e1, kAttnNmse) << "window first";
+      EXPECT_LE(e2, kAttnNmse) << "window last";
+      if (one_order) EXPECT_EQ(first, last) << "one order only: the outputs must be equal";
+      else EXPECT_LE(d, 4e-6) << "the two orders disagree";
+      first_cases += !one_order;
+      worst = std::max({worst, e1, e2});
+      worst_diff = std::max(worst_diff, d);
+      ++run;
+    }
+  }
+  EXPECT_GT(first_cases, 0);
+  std::printf("[cuda attention window order] %d cases (%d with both orders), worst NMSE %.3g vs the oracle, %.3g "
+              "between window first and last\n",
+              run, first_cases, worst, worst_diff);
+}
+
 /// One decode_step captured in a CUDA graph over a CPU twin: prefix of P tokens, reserve and
 /// plan for `steps` more, fp16 step tensors. replay() runs the steps (fresh q, k, v each),
 /// comparing every step's output with the oracle on the CPU cache (codebook format fmt).
