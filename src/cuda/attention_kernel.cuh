@@ -1161,10 +1161,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     // Staged rows are padded by 16 bytes where that costs no tokens per round, so the quads'
     // vector reads of rows g (keys) and 2t + e (values) spread over the bank groups (unpadded:
     // 8-way conflicts); a ring too small for padded rows stages them unpadded.
-    constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes;
-    constexpr int kWTRaw = kWinStaged;
-    constexpr int kWT = kWTRaw;
+    constexpr int kWT = kWinStaged;
     if constexpr (kWT > 0) {
+      constexpr int kRowB = D * 2, kRing = PIPE * T::kStageBytes, kWTRaw = kWT;
       constexpr int kWTPad = kRing >= 2 * 16 * (kRowB + 16) ? 16 : kRing >= 2 * 8 * (kRowB + 16) ? 8 : 0;
       constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
       // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
