@@ -239,6 +239,59 @@ CaseCaches fill_case_caches(const AttnCase& a, std::mt19937_64& rng, bool with_c
   return cc;
 }
 
+/// One attention case for comparisons against the oracle (device_oracle, codebook format fmt): the
+/// filled caches (CPU and device), the device query, the SDPA parameters and the oracle's output.
+struct OracleCase {
+  CaseCaches cc;
+  Tensor qd;
+  SdpaParams sp;
+  std::vector<float> ref;
+};
+OracleCase oracle_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt) {
+  OracleCase oc;
+  oc.cc = fill_case_caches(a, rng, true, fmt);
+  Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
+  oc.sp.causal = a.causal;
+  oc.sp.sliding_window = a.window;
+  oc.ref = device_oracle(*oc.cc.cpu, fmt, q, oc.sp);
+  oc.qd = to_device(q);
+  return oc;
+}
+
+/// fused_sdpa of an oracle case with a process-wide kernel switch (attn_set_rows4,
+/// attn_set_window_first, ...) on, then off, the switch restored after: both outputs and the
+/// launches its counter saw with it on; with it off the counter must not move.
+struct SwitchedOutputs {
+  std::vector<float> on, off;
+  long long launches_on = 0;
+  double nmse_on = 0, nmse_off = 0, nmse_between = 0;  ///< against the oracle, and against each other
+};
+/// The worst NMSEs over a test's switched cases (against the oracle, between the two outputs).
+struct SwitchedWorst {
+  int cases = 0;
+  double oracle = 0, between = 0;
+  void add(const SwitchedOutputs& r) {
+    ++cases;
+    oracle = std::max({oracle, r.nmse_on, r.nmse_off});
+    between = std::max(between, r.nmse_between);
+  }
+};
+SwitchedOutputs with_and_without(bool (*set)(bool), long long (*count)(), const OracleCase& oc, const char* what) {
+  SwitchedOutputs r;
+  const bool prev = set(true);
+  const long long before = count();
+  r.on = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+  r.launches_on = count() - before;
+  set(false);
+  r.off = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+  EXPECT_EQ(count(), before + r.launches_on) << what << ": launched with its switch off";
+  set(prev);
+  r.nmse_on = nmse(r.on, oc.ref), r.nmse_off = nmse(r.off, oc.ref), r.nmse_between = nmse(r.on, r.off);
+  EXPECT_LE(r.nmse_on, kAttnNmse) << what << " on";
+  EXPECT_LE(r.nmse_off, kAttnNmse) << what << " off";
+  return r;
+}
+
 double run_attn_case(const AttnCase& a, std::mt19937_64& rng, CodebookFormat fmt = CodebookFormat::F16,
                      double* vs_f32 = nullptr) {
   CaseCaches cc = fill_case_caches(a, rng, true, fmt);
@@ -642,46 +695,24 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
       {d4b8, 128, 1, 2, 2, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1},
       {d4b8, 128, 1, 2, 4, 0, 1, 16, true, 0, DType::F16, mb, 1},        // window only
   };
-  int run = 0;
-  double worst = 0, worst_diff = 0;
+  SwitchedWorst worst;
   for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3, CodebookFormat::I8KV}) {
     for (const AttnCase& a : cases) {
       if (!compiled(a.spec, a.D)) continue;
       SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
-      CaseCaches cc = fill_case_caches(a, rng, true, fmt);
-      Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
-      SdpaParams sp;
-      sp.causal = a.causal;
-      sp.sliding_window = a.window;
-      Tensor want = Tensor::empty(q.sizes(), DType::F32);
-      ProductQuantizer kq, vq;
-      vecinfer_attention_ref(oracle_inputs(*cc.cpu, fmt, kq, vq), q.view(), want.view(), sp);
-      const Tensor qd = to_device(q);
-      const bool prev = cuda::attn_set_rows4(true);
-      const long long before = cuda::attn_rows4_launches();
-      const std::vector<float> four = floats(cc.gpu->fused_sdpa(qd.view(), sp));
-      const long long four_launches = cuda::attn_rows4_launches() - before;
-      cuda::attn_set_rows4(false);
-      const std::vector<float> eight = floats(cc.gpu->fused_sdpa(qd.view(), sp));
-      EXPECT_EQ(cuda::attn_rows4_launches(), before + four_launches) << "a four-row launch with the switch off";
-      cuda::attn_set_rows4(prev);
-      if (fmt == CodebookFormat::I8KV) EXPECT_EQ(four_launches, 0) << "int8 values have no four-row kernel";
-      else EXPECT_GT(four_launches, 0) << "the four-row kernel did not run";
-      const std::vector<float> ref = want.to_vector_f32();
-      const double e4 = nmse(four, ref), e8 = nmse(eight, ref), d = nmse(four, eight);
-      EXPECT_LE(e4, kAttnNmse);
-      EXPECT_LE(e8, kAttnNmse);
+      const OracleCase oc = oracle_case(a, rng, fmt);
+      const SwitchedOutputs r = with_and_without(cuda::attn_set_rows4, cuda::attn_rows4_launches, oc, "the four-row kernel");
+      if (fmt == CodebookFormat::I8KV) EXPECT_EQ(r.launches_on, 0) << "int8 values have no four-row kernel";
+      else EXPECT_GT(r.launches_on, 0) << "the four-row kernel did not run";
       const bool same_tiling = fmt == CodebookFormat::E4M3 || fmt == CodebookFormat::I8KV;
-      EXPECT_LE(d, same_tiling ? 1e-10 : 4e-6) << "the four-row and 8-row kernels disagree";
-      worst = std::max({worst, e4, e8});
-      worst_diff = std::max(worst_diff, d);
-      ++run;
+      EXPECT_LE(r.nmse_between, same_tiling ? 1e-10 : 4e-6) << "the four-row and 8-row kernels disagree";
+      worst.add(r);
     }
   }
-  EXPECT_GT(run, 0);
+  EXPECT_GT(worst.cases, 0);
   std::printf("[cuda attention four-row kernel] %d cases, worst NMSE %.3g vs the oracle, %.3g between the four-row "
               "and 8-row kernels\n",
-              run, worst, worst_diff);
+              worst.cases, worst.oracle, worst.between);
 }
 
 // Kernels whose ring cannot stage the window rows (the defaults' d4b12/d8b8 kernels, d8
@@ -721,48 +752,28 @@ TEST(CudaAttention, WindowFirstAndWindowLastAgree) {
       {{d4b8, 128, 1, 8, 4, 9000, 1, 128, true, 0, DType::F16, mb, 1}, false},   // d4b8: staged window, last
       {{d4b8, 128, 2, 2, 4, 3000, 2, 128, true, 0, DType::BF16, mb, 1}, false},
   };
-  int run = 0, first_cases = 0;
-  double worst = 0, worst_diff = 0;
+  int first_cases = 0;
+  SwitchedWorst worst;
   for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3, CodebookFormat::I8KV}) {
     for (const auto& [a, must_first] : cases) {
       if (!compiled(a.spec, a.D)) continue;
       SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
-      CaseCaches cc = fill_case_caches(a, rng, true, fmt);
-      Tensor q = random_tensor({a.B, a.H * a.G, a.q_len, a.D}, a.qdt, rng);
-      SdpaParams sp;
-      sp.causal = a.causal;
-      sp.sliding_window = a.window;
-      Tensor want = Tensor::empty(q.sizes(), DType::F32);
-      ProductQuantizer kq, vq;
-      vecinfer_attention_ref(oracle_inputs(*cc.cpu, fmt, kq, vq), q.view(), want.view(), sp);
-      const Tensor qd = to_device(q);
-      const bool prev = cuda::attn_set_window_first(true);
-      const long long before = cuda::attn_window_first_launches();
-      const std::vector<float> first = floats(cc.gpu->fused_sdpa(qd.view(), sp));
-      const long long took = cuda::attn_window_first_launches() - before;
-      cuda::attn_set_window_first(false);
-      const std::vector<float> last = floats(cc.gpu->fused_sdpa(qd.view(), sp));
-      EXPECT_EQ(cuda::attn_window_first_launches(), before + took) << "a window-first launch with the switch off";
-      cuda::attn_set_window_first(prev);
-      if (must_first) EXPECT_GT(took, 0) << "the defaults' one-row-tile kernel did not take the window first";
-      if (a.spec.kb == 8 && a.spec.vs == 4) EXPECT_EQ(took, 0) << "a d4b8 kernel took the window first";
-      const bool one_order = took == 0 || a.prefix == 0;
-      const std::vector<float> ref = want.to_vector_f32();
-      const double e1 = nmse(first, ref), e2 = nmse(last, ref), d = nmse(first, last);
-      EXPECT_LE(e1, kAttnNmse) << "window first";
-      EXPECT_LE(e2, kAttnNmse) << "window last";
-      if (one_order) EXPECT_EQ(first, last) << "one order only: the outputs must be equal";
-      else EXPECT_LE(d, 4e-6) << "the two orders disagree";
+      const OracleCase oc = oracle_case(a, rng, fmt);
+      const SwitchedOutputs r =
+          with_and_without(cuda::attn_set_window_first, cuda::attn_window_first_launches, oc, "the window-first order");
+      if (must_first) EXPECT_GT(r.launches_on, 0) << "the defaults' one-row-tile kernel did not take the window first";
+      if (a.spec.kb == 8 && a.spec.vs == 4) EXPECT_EQ(r.launches_on, 0) << "a d4b8 kernel took the window first";
+      const bool one_order = r.launches_on == 0 || a.prefix == 0;
+      if (one_order) EXPECT_EQ(r.on, r.off) << "one order only: the outputs must be equal";
+      else EXPECT_LE(r.nmse_between, 4e-6) << "the two orders disagree";
       first_cases += !one_order;
-      worst = std::max({worst, e1, e2});
-      worst_diff = std::max(worst_diff, d);
-      ++run;
+      worst.add(r);
     }
   }
   EXPECT_GT(first_cases, 0);
   std::printf("[cuda attention window order] %d cases (%d with both orders), worst NMSE %.3g vs the oracle, %.3g "
               "between window first and last\n",
-              run, first_cases, worst, worst_diff);
+              worst.cases, first_cases, worst.oracle, worst.between);
 }
 
 /// One decode_step captured in a CUDA graph over a CPU twin: prefix of P tokens, reserve and
