@@ -306,12 +306,13 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
   }
   ensure_smem_attr(*e);
   if (p.hint_chunk > 0) g_hinted_launches.fetch_add(1);
-  if (e->win_first && p.window_first && g_window_first.load() && !p.win_all) g_window_first_launches.fetch_add(1);
+  const bool window_first = p.window_first && g_window_first.load();
+  if (e->win_first && window_first && !p.win_all) g_window_first_launches.fetch_add(1);
   const int shift = g_hint_shift.load();
-  if ((shift != 0 && p.hint_chunk > 0) || (p.window_first && !g_window_first.load())) {  // test and A/B hooks
+  if ((shift != 0 && p.hint_chunk > 0) || window_first != bool(p.window_first)) {  // test and A/B hooks
     AttnParams q = p;
     if (shift != 0 && p.hint_chunk > 0) q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
-    if (!g_window_first.load()) q.window_first = 0;
+    q.window_first = window_first;
     launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
     return;
   }

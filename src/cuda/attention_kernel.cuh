@@ -1148,7 +1148,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- exact window tokens (positions [w0, w1)) ---------------------------------------------
   constexpr int kWinStaged = T::kWinStaged;
-  auto window_tokens = [&](auto bf16_tag, bool regs, int rot) {
+  auto window_tokens = [&](auto bf16_tag, int rot) {
     constexpr bool kBf16 = decltype(bf16_tag)::value;
     load_qa(sQr);
     const uint16_t* kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
@@ -1168,7 +1168,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       constexpr int kRowP = kWTPad == kWTRaw ? kRowB + 16 : kRowB;
       // (the ldmatrix value mapping takes the register path below: no staged-window variant of it,
       // and no d8-value kernel has a ring large enough to stage the window anyway)
-      if (!p.win_all && p.window_staged && !regs && !(T::kLdsmV && nm)) {
+      if (!p.win_all && p.window_staged && !(T::kLdsmV && nm)) {
         unsigned char* const wk = sRing + warp * PIPE * T::kStageBytes;
         unsigned char* const wv = wk + kWT * kRowP;
         const uint32_t wk_s = uint32_t(__cvta_generic_to_shared(wk)), wv_s = wk_s + kWT * kRowP;
@@ -1313,13 +1313,13 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // 302.5 -> 282.1 us). Where the window is staged (d4b8), the register rounds before the
   // loop were slower than the staged rounds after it (run 125: 206.5 -> 214.0 us, batch 1
   // 33.0 -> 37.8 us), and those kernels compile without this branch.
-  constexpr bool kWinFirstBuilt = T::kWinFirst;
-  [[maybe_unused]] const bool win_first = kWinFirstBuilt && p.window_first && has_code && w1 > w0 && !p.win_all;
-  if constexpr (kWinFirstBuilt) if (win_first) {
+  // (their rings cannot stage the window, so window_tokens takes its register rounds)
+  [[maybe_unused]] const bool win_first = T::kWinFirst && p.window_first && has_code && w1 > w0 && !p.win_all;
+  if constexpr (T::kWinFirst) if (win_first) {
     const int n_tiles = int((int64_t(c1 - c0) + T::kWarpTok - 1) / T::kWarpTok);
     const int rot = n_tiles % T::kWarps;
-    if (p.win_bf16) window_tokens(std::true_type{}, true, rot);
-    else window_tokens(std::false_type{}, true, rot);
+    if (p.win_bf16) window_tokens(std::true_type{}, rot);
+    else window_tokens(std::false_type{}, rot);
     if constexpr (kTM) {
       // row-g state -> the token-major state of rows 2t, 2t + 1 (kR4: row t twice): the max and
       // offset from a lane of that row, its quad-summed sum on the lanes g = 0 (the loop's sums
@@ -1682,8 +1682,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   stamp(2);
   if (w1 > w0 && !win_first) {
-    if (p.win_bf16) window_tokens(std::true_type{}, false, 0);
-    else window_tokens(std::false_type{}, false, 0);
+    if (p.win_bf16) window_tokens(std::true_type{}, 0);
+    else window_tokens(std::false_type{}, 0);
   }
 
 
