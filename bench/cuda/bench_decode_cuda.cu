@@ -4,8 +4,9 @@
 //   * the HBM copy bandwidth (cudaMemcpy device→device, bytes read + written): the ceiling;
 //   * our decode attention (q_len 1) on Llama-3.1-8B layer shapes (32 query heads, 8 kv heads,
 //     head_dim 128, a 128-token fp16 window) at batch×context 1×131072, 8×32768, 64×16384,
-//     per codebook configuration: median time over reps with L2 flushed before each, the bytes
-//     it must read (codes + window), GB/s and the share of the copy bandwidth;
+//     per codebook configuration: median time over reps with L2 flushed before each (by a read
+//     of 256 MB; --flush dirty: by a memset, as before run 130; see Flush), the bytes it must
+//     read (codes + window), GB/s and the share of the copy bandwidth;
 //   * our own fp16 path (the same kernel over plain fp16 K/V) for context;
 //   * the peer, read from --peer FILE (written by peer_sdpa.py in the same device command),
 //     giving the speedup per shape;
@@ -14,7 +15,7 @@
 // Every kernel is validated against the CPU oracle (vecinfer_attention_ref, double) on two
 // (batch, kv head) segments of the very launch configuration that is timed, before timing.
 //
-// Usage: bench_decode_cuda [--peer FILE] [--reps N] [--quick]
+// Usage: bench_decode_cuda [--peer FILE] [--reps N] [--quick] [--flush clean|dirty|none] (more A/B flags in main)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -86,6 +87,12 @@ __global__ void __launch_bounds__(512) stream_read(const uint4* p, size_t n16, u
   }
   if (sink) sink[size_t(blockIdx.x) * blockDim.x + threadIdx.x] = acc;
 }
+// Spins one thread for ns nanoseconds (globaltimer): the guard between a flush and a start event.
+__global__ void spin_ns(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+}
 __global__ void fill_halves(__half* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     uint32_t x = uint32_t(i) * 0x9E3779B1u ^ seed;
@@ -110,13 +117,38 @@ float median(std::vector<float> v) {
   return v.empty() ? 0.0f : v[v.size() / 2];
 }
 
+/// How L2 is emptied before each timed run (--flush):
+///  * kClean (the default since run 130): one launch that reads a 256 MB buffer. L2 is left full
+///    of clean lines, as a decoder's weight reads (the GEMMs between two attention calls) leave
+///    it, and the timed launch pays for its own traffic only.
+///  * kDirty (every run before 130): a memset of the buffer. L2 is left full of dirty lines,
+///    which the timed launch writes back to HBM as its reads evict them: up to L2's size (~50 MB)
+///    of writes that are the flush's, not the kernel's, and weigh most on the smallest transfers.
+///  * kNone: L2 kept warm (diagnosis only).
+struct Flush {
+  enum Mode { kNone, kClean, kDirty } mode = kClean;
+  void* buf = nullptr;
+  size_t bytes = 0;
+  int blocks = 0;
+  /// then (--guard-us N) a spin of N us on one thread, so that the host's time to issue the timed
+  /// launch (argument checks, the plan) would end before the GPU reaches the start event; run 135
+  /// found no such gap here or in the peer (peer_sdpa.py --guard-us): off by default
+  unsigned long long guard_ns = 0;
+  void operator()(cudaStream_t st, int r) const {
+    if (mode == kDirty) CK(cudaMemsetAsync(buf, r & 0xFF, bytes, st));
+    if (mode == kClean) stream_read<<<blocks, 512, 0, st>>>(static_cast<const uint4*>(buf), bytes / 16, nullptr);
+    if (guard_ns) spin_ns<<<1, 1, 0, st>>>(guard_ns);
+  }
+  const char* name() const { return mode == kClean ? "clean (a 256 MB read)" : mode == kDirty ? "dirty (a 256 MB memset)" : "none (L2 warm)"; }
+};
+
 /// Median device us of launch() over `reps` timed runs after `warm` untimed ones, each after an
-/// L2 flush (a memset of flush_bytes at flush; null: L2 kept warm), on the legacy stream.
+/// L2 flush, on the legacy stream.
 template <class F>
-double flushed_median_us(Timer& tm, void* flush, size_t flush_bytes, int warm, int reps, F&& launch) {
+double flushed_median_us(Timer& tm, const Flush& flush, int warm, int reps, F&& launch) {
   std::vector<float> t;
   for (int r = 0; r < warm + reps; ++r) {
-    if (flush) CK(cudaMemsetAsync(flush, r & 0xFF, flush_bytes));
+    flush(0, r);
     CK(cudaEventRecord(tm.a));
     launch();
     CK(cudaEventRecord(tm.b));
@@ -320,7 +352,9 @@ int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
   int window_weight = 0;  // 0: the library default
-  bool quick = false, skip_encode = false, skip_step = false, noflush = false, profile = false, window_regs = false,
+  Flush::Mode flush_mode = Flush::kClean;
+  double guard_us = 0.0;
+  bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
        value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -332,7 +366,16 @@ int main(int argc, char** argv) {
     else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
     else if (a == "--skip-encode") skip_encode = true;
     else if (a == "--skip-step") skip_step = true;
-    else if (a == "--noflush") noflush = true;  // L2 kept warm (diagnosis only)
+    else if (a == "--noflush") flush_mode = Flush::kNone;  // L2 kept warm (diagnosis only)
+    else if (a == "--guard-us" && i + 1 < argc) guard_us = std::atof(argv[++i]);  // a GPU spin after each flush (diagnosis)
+    else if (a == "--flush" && i + 1 < argc) {  // clean (default) | dirty (before run 130) | none
+      const std::string m = argv[++i];
+      if (m != "clean" && m != "dirty" && m != "none") {
+        std::fprintf(stderr, "--flush takes clean, dirty or none, not '%s'\n", m.c_str());
+        return 2;
+      }
+      flush_mode = m == "clean" ? Flush::kClean : m == "dirty" ? Flush::kDirty : Flush::kNone;
+    }
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
     else if (a == "--window-last") window_last = true;  // A/B: residual window after the coded tokens (before run 125)
@@ -379,9 +422,51 @@ int main(int argc, char** argv) {
     CK(cudaFree(a));
     CK(cudaFree(b));
   }
-  const size_t flush_bytes = size_t(256) << 20;
-  void* flush;
-  CK(cudaMalloc(&flush, flush_bytes));
+  Flush flush;
+  flush.mode = flush_mode;
+  flush.bytes = size_t(256) << 20;
+  flush.blocks = 2 * prop.multiProcessorCount;
+  flush.guard_ns = static_cast<unsigned long long>(guard_us * 1e3);
+  CK(cudaMalloc(&flush.buf, flush.bytes));
+  CK(cudaMemset(flush.buf, 1, flush.bytes));
+  {
+    // Does the flush empty L2, and what does it leave for the timed launch? A 32 MB buffer X (half
+    // of L2) is timed after "read X, flush" and after "read Y, flush" (Y another 32 MB): where the
+    // flush empties L2, both are X's HBM time; were X's lines left in L2, the first would be
+    // faster. Warm: after "read X" alone. The dirty flush's times carry its write-back.
+    const size_t n = size_t(32) << 20;
+    uint4 *x = nullptr, *y = nullptr;
+    CK(cudaMalloc(&x, n));
+    CK(cudaMalloc(&y, n));
+    CK(cudaMemset(x, 1, n));
+    CK(cudaMemset(y, 2, n));
+    const int blocks = 4 * prop.multiProcessorCount;
+    auto timed = [&](const uint4* before, Flush::Mode mode) {
+      Flush f = flush;
+      f.mode = mode;
+      std::vector<float> t;
+      for (int r = 0; r < 18; ++r) {
+        stream_read<<<blocks, 512>>>(before, n / 16, nullptr);
+        f(0, r);
+        CK(cudaEventRecord(tm.a));
+        stream_read<<<blocks, 512>>>(x, n / 16, nullptr);
+        CK(cudaEventRecord(tm.b));
+        CK(cudaEventSynchronize(tm.b));
+        float ms;
+        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+        if (r >= 3) t.push_back(ms);
+      }
+      return median(t) * 1e3;
+    };
+    const double warm = timed(x, Flush::kNone), cx = timed(x, Flush::kClean), cy = timed(y, Flush::kClean),
+                 dx = timed(x, Flush::kDirty), dy = timed(y, Flush::kDirty);
+    CK(cudaGetLastError());
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    std::printf("L2 flush check, a 32 MB read of X: %.1f us warm; clean flush %.1f us (X read before it) / %.1f us (Y read "
+                "before it); dirty flush %.1f / %.1f us. Timed here with the %s flush\n",
+                warm, cx, cy, dx, dy, flush.name());
+  }
 
   // ---- prefill: attention of a chunk of queries over the coded history (--prefill) ----------
   // A cache (MemoryBound, int8 keys, batch 1, Llama-3.1-8B layer) holding `hist` tokens takes a
@@ -456,7 +541,7 @@ int main(int argc, char** argv) {
           const int prev = cuda::set_prefill_launch_queries(per_launch);
           const int prev_rows = cuda::set_prefill_block_rows(rows);
           const long long before = cuda::prefill_launches();
-          const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 2, std::max(5, reps / 2),
+          const double us = flushed_median_us(tm, flush, 2, std::max(5, reps / 2),
                                               [&] { cache->fused_sdpa_into(q.view(), out.view(), sp); });
           pre_launches = cuda::prefill_launches() - before;
           cuda::set_prefill_block_rows(prev_rows);
@@ -506,7 +591,7 @@ int main(int argc, char** argv) {
       }
     std::printf("\nprefill validation: %s\n", prefill_ok ? "every path's output agrees with the 16-query launches'"
                                                           : "PREFILL PATHS DISAGREE");
-    cudaFree(flush);
+    cudaFree(flush.buf);
     return prefill_ok ? 0 : 1;
   }
 
@@ -536,7 +621,7 @@ int main(int argc, char** argv) {
       int best_blocks = 0;
       for (int per_sm : {1, 2, 4, 8}) {
         const int blocks = prop.multiProcessorCount * per_sm;
-        const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 3, 20,
+        const double us = flushed_median_us(tm, flush, 3, 20,
                                             [&] { stream_read<<<blocks, 512>>>(buf, n16, nullptr); });
         if (us < best) best = us, best_blocks = blocks;
       }
@@ -691,7 +776,7 @@ int main(int argc, char** argv) {
     }
     const bool ok = worst <= 2e-4;
     all_valid &= ok;
-    const double us = flushed_median_us(tm, noflush ? nullptr : flush, flush_bytes, 3, reps, [&] { launch(p); });
+    const double us = flushed_median_us(tm, flush, 3, reps, [&] { launch(p); });
     if (profile && !fp) {
       // One more launch with phase stamps: where a block's time goes (clock64 per phase) and how
       // the blocks spread in time (globaltimer). Cycles become microseconds at the SM clock the
@@ -701,7 +786,7 @@ int main(int argc, char** argv) {
       unsigned long long* dprof = nullptr;
       CK(cudaMalloc(&dprof, size_t(nblk) * cuda::kAttnProfSlots * 8));
       CK(cudaMemset(dprof, 0, size_t(nblk) * cuda::kAttnProfSlots * 8));
-      if (!noflush) CK(cudaMemsetAsync(flush, 7, flush_bytes));
+      flush(0, 7);
       cuda::AttnParams pp = p;
       pp.prof = dprof;
       launch(pp);
@@ -759,6 +844,21 @@ int main(int argc, char** argv) {
         if (d.empty()) continue;
         std::sort(d.begin(), d.end());
         std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
+      }
+      // the setup's steps (thread 0), and when its first code stage lands after the setup
+      const int sub[5][2] = {{0, 10}, {10, 11}, {11, 12}, {12, 1}, {1, 13}};
+      const char* sub_names[5] = {"  setup: lengths, split bounds", "  setup: first stages issued", "  setup: query transform",
+                                  "  setup: codebook copies, barrier", "first stage landed after the setup"};
+      for (int k = 0; k < 5; ++k) {
+        std::vector<double> d;
+        for (int i = 0; i < nblk; ++i) {
+          const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
+          if (r[sub[k][0]] == 0 || r[sub[k][1]] == 0) continue;
+          d.push_back((double(r[sub[k][1]]) - double(r[sub[k][0]])) / (ghz * 1e3));
+        }
+        if (d.empty()) continue;
+        std::sort(d.begin(), d.end());
+        std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", sub_names[k], d[d.size() / 2], d.back(), d.size());
       }
     }
     const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
@@ -1171,7 +1271,7 @@ int main(int argc, char** argv) {
       CK(cudaGraphInstantiateWithFlags(&ge, g, flags));
       std::vector<float> t;
       for (int r = 0; r < 40; ++r) {
-        CK(cudaMemsetAsync(flush, r, flush_bytes, st));
+        flush(st, r);
         CK(cudaEventRecord(tm.a, st));
         CK(cudaGraphLaunch(ge, st));
         CK(cudaEventRecord(tm.b, st));
@@ -1206,7 +1306,7 @@ int main(int argc, char** argv) {
     double host_us = 0;
     auto time_eager = [&](int decode_max, bool deferred = false) {
       CK(cudaStreamSynchronize(st));
-      CK(cudaMemsetAsync(flush, 3, flush_bytes, st));
+      flush(st, 3);
       return time_calls(*cache, st, tm, decode_max, deferred, [&] {
         cache->update(kn.view(), kn.view());
         cache->fused_sdpa_into(q.view(), out.view(), sp);
@@ -1318,9 +1418,9 @@ int main(int argc, char** argv) {
     std::printf("\nread-only ceiling (d4b8 bytes, one launch) at %d x %d: %.1f us = %.1f%% of copy", shape.first,
                 shape.second, c.first, 100.0 * c.second / copy_gbps);
   if (!read_ceiling.empty()) std::printf("\n");
-  std::printf("\nHBM copy bandwidth: %.0f GB/s. Encode: ", copy_gbps);
+  std::printf("\nHBM copy bandwidth: %.0f GB/s. L2 flush before each timed run: %s. Encode: ", copy_gbps, flush.name());
   for (auto& [n, r] : enc_rows) std::printf("%s %.0fM/s; ", n.c_str(), r / 1e6);
   std::printf("\nvalidation: %s\n", all_valid ? "all kernels match the oracle" : "SOME KERNELS FAILED VALIDATION");
-  cudaFree(flush);
+  cudaFree(flush.buf);
   return all_valid ? 0 : 1;
 }

@@ -4,7 +4,10 @@
 Llama-3.1-8B layer shapes (32 query heads, 8 kv heads, head_dim 128, q_len 1), K/V preallocated
 fp16 [batch, 8, context, 128], GQA handled natively (enable_gqa=True, no repeated K/V). Each of
 the cuDNN, flash and memory-efficient SDPA backends is timed (CUDA events, median of reps, L2
-flushed before each); the best one per shape is the peer. Output lines:
+flushed before each: --flush clean, the default, reads a 256 MB buffer and leaves L2 full of
+clean lines; --flush dirty, as before run 130, writes it and leaves L2 full of dirty lines that
+the timed call writes back; bench_decode_cuda takes the same flag and must get the same mode);
+the best one per shape is the peer. Output lines:
     PEER <batch> <context> <us> <TB/s of K/V read> <backend>
 
 With --prefill: the prefill peer instead. A chunk of q queries [1, 32, q, 128] over fp16 K/V
@@ -24,16 +27,38 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 H, HKV, D = 32, 8, 128
 
 
+def make_flush(mode, dev):
+    buf = torch.ones(256 << 20, dtype=torch.uint8, device=dev)
+    if mode == "clean":
+        words = buf.view(torch.int32)
+        return lambda: words.amax()  # a read of 256 MB, one 4-byte result
+    if mode == "dirty":
+        return lambda: buf.fill_(7)
+    return lambda: None
+
+
+GUARD_CYCLES = [0]  # --guard-us as GPU cycles
+
+
 def time_it(fn, reps, flush):
+    """Median us of fn() after flush(); fn may be a list of calls over independent inputs, taken
+    in turn, so that each timed call's inputs were last read two flushes earlier (--sets).
+    --guard-us N: a spin of N us on the GPU between the flush and the start event, which would keep
+    the host's own time to issue fn() (Python, dispatch, cuDNN's plan) out of the timed span, were
+    the flush shorter than it. Run 135: within 0.5% with 200 us and without, so off by default."""
+    fns = fn if isinstance(fn, list) else [fn]
     start = torch.cuda.Event(enable_timing=True)
     end = torch.cuda.Event(enable_timing=True)
     for _ in range(3):
-        fn()
+        for f in fns:
+            f()
     ts = []
     for i in range(reps):
-        flush.fill_(i & 0xFF)
+        flush()
+        if GUARD_CYCLES[0]:
+            torch.cuda._sleep(GUARD_CYCLES[0])
         start.record()
-        fn()
+        fns[i % len(fns)]()
         end.record()
         end.synchronize()
         ts.append(start.elapsed_time(end))
@@ -48,9 +73,9 @@ def prefill(a):
     from torch.nn.attention.bias import causal_lower_right
 
     dev = torch.device("cuda")
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = make_flush(a.flush, dev)
     lines = []
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()} (prefill)", flush=True)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()} (prefill), L2 flush: {a.flush}", flush=True)
     for hist, ql in PREFILL_CASES:
         n = hist + ql
         torch.manual_seed(0)
@@ -114,19 +139,27 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--flush", choices=("clean", "dirty", "none"), default="clean")
+    ap.add_argument("--sets", type=int, default=1, help="independent inputs timed in turn (flush check)")
+    ap.add_argument("--guard-us", type=float, default=0.0, help="GPU spin before each start event (diagnosis)")
     a = ap.parse_args()
+    clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3 if hasattr(
+        torch.cuda.get_device_properties(0), "clock_rate") else 1.98e9
+    GUARD_CYCLES[0] = int(a.guard_us * 1e-6 * clock_hz)
     if a.prefill:
         return prefill(a)
     shapes = [(1, 131072)] if a.quick else [(1, 131072), (8, 32768), (64, 16384)]
     dev = torch.device("cuda")
-    flush = torch.empty(256 << 20, dtype=torch.uint8, device=dev)
+    flush = make_flush(a.flush, dev)
     lines = []
-    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}", flush=True)
+    print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, L2 flush: {a.flush}, {a.sets} input set(s), guard {a.guard_us:g} us", flush=True)
     for b, n in shapes:
         torch.manual_seed(0)
         q = torch.randn(b, H, 1, D, device=dev, dtype=torch.float16)
         k = torch.randn(b, HKV, n, D, device=dev, dtype=torch.float16)
         v = torch.randn(b, HKV, n, D, device=dev, dtype=torch.float16)
+        # --sets N: N - 1 more independent inputs, timed in turn with the first
+        more = [tuple(torch.randn_like(t) for t in (q, k, v)) for _ in range(a.sets - 1)]
         ref = None
         best = None
         kv_bytes = 2 * k.numel() * k.element_size()
@@ -144,7 +177,8 @@ def main():
                         vv = vv.repeat_interleave(H // HKV, dim=1)
                         ref = torch.softmax(qq @ kk.transpose(-1, -2) / D ** 0.5, -1) @ vv
                     err = ((out[:1].float() - ref) ** 2).sum() / (ref ** 2).sum()
-                    us = time_it(fn, a.reps, flush)
+                    fns = [fn] + [lambda t=t: F.scaled_dot_product_attention(*t, enable_gqa=True) for t in more]
+                    us = time_it(fns, a.reps, flush)
             except Exception as e:  # backend not available for this shape
                 print(f"  {name:9s} B={b:<3d} L={n:<7d} unavailable: {str(e).splitlines()[0][:100]}", flush=True)
                 continue
@@ -158,7 +192,7 @@ def main():
         if best:
             lines.append(f"PEER {b} {n} {best[0]:.2f} {best[1]:.3f} {best[2]}")
             print(lines[-1], flush=True)
-        del q, k, v
+        del q, k, v, more
         torch.cuda.empty_cache()
     if a.out:
         with open(a.out, "w") as f:

@@ -433,6 +433,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto stamp = [&](int k) {
     if (prof && tid == 0) prof[k] = clock64();
   };
+  // a stamp taken once `dep` is known (the asm's operand must be computed before it runs)
+  auto stamp_after = [&](int k, int dep) {
+    if (prof && tid == 0) {
+      unsigned long long c;
+      asm volatile("mov.u64 %0, %%clock64;" : "=l"(c) : "r"(dep));
+      prof[k] = c;
+    }
+  };
   if (prof && tid == 0) {
     unsigned long long gt;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
@@ -549,6 +557,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     w0 = int(wA + r0), w1 = int(wA + max(r0, r1));
   }
   const bool has_code = c1 > c0;
+  stamp_after(10, c1 + w1);  // the lengths have arrived and the share is known
   const int64_t bh = int64_t(b) * p.n_kv_heads + kvh;
   const uint8_t* const kcodes = has_code ? p.k_codes + bh * p.code_cap * p.k_row_stride : nullptr;
   const uint8_t* const vcodes = has_code ? p.v_codes + bh * p.code_cap * p.v_row_stride : nullptr;
@@ -604,6 +613,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll 1
       for (int j = 0; j < PIPE - 1; ++j) issue(j, uint32_t(j * T::kStageBytes));
   }
+  stamp(11);
 
   // ---- queries: q̃ = (q ⊙ λ)·H and raw q, both times scale·log2(e), as fp16 -----------------
   // One warp per row, kQE consecutive elements per lane: the Walsh–Hadamard butterflies run in
@@ -653,6 +663,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   }
 
+  stamp(12);
   // ---- codebooks into shared memory, replicated (loads issued before the query work) -------
   // Copy k of entry c sits at row c / G, bank group k·G + c mod G (G entries per 128-byte group).
   auto replicate = [&](unsigned char* base, const auto& regs, auto n_tag, auto copies_tag, auto groups_tag,
@@ -685,6 +696,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
   __syncthreads();
   stamp(1);
+  if constexpr (PIPE > 1) {
+    if (prof && has_code) {  // diagnosis: when this thread's part of the first code stage has landed
+      cp_async_wait<PIPE - 2>();
+      stamp(13);
+    }
+  }
 
   // ---- per-warp state -----------------------------------------------------------------------
   // Scores run as Sᵀ[16 rows × 8 tokens] = q̃ · K̃ᵀ: the queries are the MMA's A operand (a

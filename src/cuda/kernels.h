@@ -112,7 +112,7 @@ struct AttnParams {
   /// shared memory (no workspace round trip, no last-block merge).
   int cluster_launch = 0;
 };
-constexpr int kAttnProfSlots = 10;
+constexpr int kAttnProfSlots = 14;
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
 /// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.
 constexpr int64_t attn_split_chunk(int64_t units, int splits) { return ((units + splits - 1) / splits + 31) / 32 * 32; }
