@@ -110,6 +110,17 @@ struct Timer {
     CK(cudaEventCreate(&a));
     CK(cudaEventCreate(&b));
   }
+  /// device ms of what launch() queues on the legacy stream, between two events
+  template <class F>
+  float ms(F&& launch) {
+    CK(cudaEventRecord(a));
+    launch();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float t;
+    CK(cudaEventElapsedTime(&t, a, b));
+    return t;
+  }
 };
 
 float median(std::vector<float> v) {
@@ -149,12 +160,7 @@ double flushed_median_us(Timer& tm, const Flush& flush, int warm, int reps, F&& 
   std::vector<float> t;
   for (int r = 0; r < warm + reps; ++r) {
     flush(0, r);
-    CK(cudaEventRecord(tm.a));
-    launch();
-    CK(cudaEventRecord(tm.b));
-    CK(cudaEventSynchronize(tm.b));
-    float ms;
-    CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+    const float ms = tm.ms(launch);
     if (r >= warm) t.push_back(ms);
   }
   return median(t) * 1e3;
@@ -409,12 +415,7 @@ int main(int argc, char** argv) {
     CK(cudaMemset(a, 1, n));
     std::vector<float> t;
     for (int r = 0; r < 12; ++r) {
-      CK(cudaEventRecord(tm.a));
-      CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice));
-      CK(cudaEventRecord(tm.b));
-      CK(cudaEventSynchronize(tm.b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+      const float ms = tm.ms([&] { CK(cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice)); });
       if (r >= 2) t.push_back(ms);
     }
     copy_gbps = 2.0 * n / (median(t) * 1e-3) / 1e9;
@@ -448,12 +449,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < 18; ++r) {
         stream_read<<<blocks, 512>>>(before, n / 16, nullptr);
         f(0, r);
-        CK(cudaEventRecord(tm.a));
-        stream_read<<<blocks, 512>>>(x, n / 16, nullptr);
-        CK(cudaEventRecord(tm.b));
-        CK(cudaEventSynchronize(tm.b));
-        float ms;
-        CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+        const float ms = tm.ms([&] { stream_read<<<blocks, 512>>>(x, n / 16, nullptr); });
         if (r >= 3) t.push_back(ms);
       }
       return median(t) * 1e3;
@@ -934,12 +930,7 @@ int main(int argc, char** argv) {
   auto time_launch = [&](const cuda::EncodeParams& ep, bool decode_mode, int reps) {
     std::vector<float> t;
     for (int r = 0; r < reps; ++r) {
-      CK(cudaEventRecord(tm.a));
-      cuda::encode_launch(ep, decode_mode, nullptr);
-      CK(cudaEventRecord(tm.b));
-      CK(cudaEventSynchronize(tm.b));
-      float ms;
-      CK(cudaEventElapsedTime(&ms, tm.a, tm.b));
+      const float ms = tm.ms([&] { cuda::encode_launch(ep, decode_mode, nullptr); });
       if (r >= 2) t.push_back(ms);
     }
     return median(t) * 1e3;
