@@ -841,6 +841,27 @@ int main(int argc, char** argv) {
         std::sort(d.begin(), d.end());
         std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
       }
+      {  // the blocks on the critical path: the slowest coded loops and the last exits, with
+         // their split, kv head and SM (is the slow one the window's split, or one SM?)
+        std::vector<int> idx;
+        for (int i = 0; i < nblk; ++i)
+          if (h[size_t(i) * cuda::kAttnProfSlots + 2] > h[size_t(i) * cuda::kAttnProfSlots + 1]) idx.push_back(i);
+        auto at = [&](int i, int k) { return h[size_t(i) * cuda::kAttnProfSlots + k]; };
+        auto show = [&](const char* what, auto key) {
+          std::sort(idx.begin(), idx.end(), [&](int a, int c) { return key(a) > key(c); });
+          std::printf("    %-28s", what);
+          for (size_t j = 0; j < std::min<size_t>(4, idx.size()); ++j) {
+            const int i = idx[j];
+            std::printf("  [split %d head %d sm %llu: loop %.2f, exit %.2f us]", i % S, (i / S) % kKV, at(i, 14),
+                        double(at(i, 2) - at(i, 1)) / (ghz * 1e3), (at(i, 9) - g0) / 1e3);
+          }
+          std::printf("\n");
+        };
+        if (!idx.empty()) {
+          show("slowest coded loops:", [&](int i) { return double(at(i, 2) - at(i, 1)); });
+          show("last exits:", [&](int i) { return double(at(i, 9)); });
+        }
+      }
       // the setup's steps (thread 0), and when its first code stage lands after the setup
       const int sub[5][2] = {{0, 10}, {10, 11}, {11, 12}, {12, 1}, {1, 13}};
       const char* sub_names[5] = {"  setup: lengths, split bounds", "  setup: first stages issued", "  setup: query transform",

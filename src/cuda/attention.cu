@@ -198,6 +198,28 @@ bool use_cluster(const AttnEntry& e, const AttnParams& p) {
   return segments <= max_active_clusters(e, p.n_splits);
 }
 
+/// The launch's fixed divisors as FastDivs (AttnParams::div_*), and the check that the split
+/// arithmetic, which the kernel runs in 32 bits, cannot overflow: a block's work units are its
+/// coded tokens plus window_weight per window token, at most the code capacity plus
+/// window_weight x residual_length. A window-only launch (win_all: the fp16 cache, Standard
+/// caches) has no coded tokens to weigh its window against, so its weight is 1 there.
+void derive_divisors(AttnParams& p) {
+  VQ_CHECK_VALUE(p.n_kv_heads > 0 && p.n_heads % p.n_kv_heads == 0,
+                 "CUDA attention: n_heads " << p.n_heads << " is not a multiple of n_kv_heads " << p.n_kv_heads);
+  VQ_CHECK_VALUE(p.window_weight >= 1, "CUDA attention: window_weight must be >= 1, got " << p.window_weight);
+  if (p.win_all) p.window_weight = 1;
+  const int64_t max_units = p.win_all ? p.win_cap
+                                      : p.code_cap + int64_t(p.window_weight) * std::max(p.residual_length, 0);
+  VQ_CHECK_T(max_units < (int64_t(1) << 31), UnsupportedError,
+             "CUDA attention: code capacity " << p.code_cap << " + window weight " << p.window_weight
+                                              << " x residual length " << p.residual_length
+                                              << " passes the split arithmetic's 2^31 units");
+  p.div_group = make_fast_div(uint32_t(p.n_heads / p.n_kv_heads));
+  p.div_row_chunks = make_fast_div(uint32_t(std::max(p.n_row_chunks, 1)));
+  p.div_splits = make_fast_div(uint32_t(std::max(p.n_splits, 1)));
+  p.div_window_weight = make_fast_div(uint32_t(p.window_weight));
+}
+
 /// Launches through the entry's own kernel pointer, the one ensure_smem_attr configured. (A
 /// `<<<>>>` launch from a template instantiated in several translation units, as the tuning
 /// variants re-instantiate defaults, may reach another unit's registration of the kernel,
@@ -207,6 +229,7 @@ void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stre
   const bool cluster = use_cluster(e, p);
   AttnParams pg = p;
   pg.cluster_launch = cluster ? 1 : 0;
+  derive_divisors(pg);
   void* args[] = {&pg};
   if (!cluster && priority == 0) {
     VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));

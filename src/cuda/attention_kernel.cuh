@@ -443,14 +443,23 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   };
   if (prof && tid == 0) {
     unsigned long long gt;
+    unsigned sm;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(gt));
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     prof[8] = gt;
+    prof[14] = sm;
   }
   stamp(0);
-  const int kvh = blockIdx.y / p.n_row_chunks, rchunk = blockIdx.y % p.n_row_chunks, b = blockIdx.z;
+  // Every division below by a per-launch value goes through the host's FastDiv: a 32-bit `/` is
+  // ~20 dependent instructions and a 64-bit one a ~70-instruction call, and every warp of the
+  // block runs this setup (16 warps x ~800 instructions was the issue-bound part of it).
+  const int kvh = int(fast_div(blockIdx.y, p.div_row_chunks)), rchunk = int(blockIdx.y) - kvh * p.n_row_chunks;
+  const int b = blockIdx.z;
   const int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
-  const int G = p.n_heads / p.n_kv_heads;
+  const int G = int(p.div_group.d);
   const int rows_total = G * p.q_len;
+  // query row gr of the launch: query index gr / G, head kvh·G + gr % G
+  auto row_qi = [&](int gr) { return int(fast_div(uint32_t(gr), p.div_group)); };
 
   // ---- setup loads, all issued before any is used (one memory round trip, not three) -------
   // The codebook entries this thread will replicate (none for the fp16 cache's launches).
@@ -481,7 +490,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   for (int k = 0; k < kQRowsPerWarp; ++k) {
     const int r = warp + k * T::kWarps, gr = rchunk * kRows + r;
     const bool live = r < kRows && gr < rows_total;
-    const int qi = live ? gr / G : 0, h = kvh * G + (live ? gr % G : 0);
+    const int qi = live ? row_qi(gr) : 0, h = kvh * G + (live ? gr - qi * G : 0);
 #pragma unroll
     for (int j = 0; j < kQE; ++j) {
       const int d = lane * kQE + j;
@@ -516,7 +525,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto row_bounds = [&](int r, int& lo, int& hi) {
     const int gr = rchunk * kRows + r;
     if (gr < rows_total) {
-      attn_query_bounds(p, L - p.q_tail + gr / G, L, lo, hi);
+      attn_query_bounds(p, L - p.q_tail + row_qi(gr), L, lo, hi);
     } else {
       lo = 0, hi = INT_MAX;
     }
@@ -542,19 +551,23 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   constexpr bool kTM = NT == 1 && KT >= 2 && CBF != 0;
   [[maybe_unused]] int loT[2], hiT[2];
   if constexpr (kTM) row_bounds(kR4 ? t : 2 * t, loT[0], hiT[0]), row_bounds(kR4 ? t : 2 * t + 1, loT[1], hiT[1]);
+  // The split arithmetic in 32 bits (attn_launch checks that the units fit in 31: code
+  // capacity + window weight x residual length), the divisions by the host's FastDivs: the same
+  // values as attn_split_chunk's 64-bit ones, which the host's hint uses.
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
-  const int64_t Nc = max(0, cB - cA);
+  const uint32_t Nc = uint32_t(max(0, cB - cA));
   const int wA = max(lo_u, n_code), wB = min(hi_u, L);
-  const int64_t Nw = max(0, wB - wA);
-  const int64_t ww = p.window_weight;
-  const int64_t units = Nc + ww * Nw;
-  const int64_t chunk = attn_split_chunk(units, S);
-  const int64_t u0 = min(units, int64_t(split) * chunk), u1 = min(units, u0 + chunk);
-  const int c0 = int(cA + min(u0, Nc)), c1 = int(cA + min(u1, Nc));
+  const uint32_t Nw = uint32_t(max(0, wB - wA));
+  const uint32_t ww = p.div_window_weight.d;
+  const uint32_t units = Nc + ww * Nw;
+  const uint32_t chunk = (fast_div(units + uint32_t(S - 1), p.div_splits) + 31u) & ~31u;
+  const uint32_t u0 = min(units, uint32_t(split) * chunk), u1 = min(units, u0 + chunk);
+  const int c0 = cA + int(min(u0, Nc)), c1 = cA + int(min(u1, Nc));
   int w0 = 0, w1 = 0;
   if (u1 > Nc) {
-    const int64_t r0 = (max(u0, Nc) - Nc + ww - 1) / ww, r1 = min(Nw, (u1 - Nc + ww - 1) / ww);
-    w0 = int(wA + r0), w1 = int(wA + max(r0, r1));
+    const uint32_t r0 = fast_div(max(u0, Nc) - Nc + ww - 1, p.div_window_weight);
+    const uint32_t r1 = min(Nw, fast_div(u1 - Nc + ww - 1, p.div_window_weight));
+    w0 = wA + int(r0), w1 = wA + int(max(r0, r1));
   }
   const bool has_code = c1 > c0;
   stamp_after(10, c1 + w1);  // the lengths have arrived and the share is known
@@ -1759,7 +1772,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto write_out = [&](int row, int d, float v) {
     const int gr = rchunk * kRows + row;
     if (gr >= rows_total) return;
-    const int qi = gr / G, h = kvh * G + gr % G;
+    const int qi = row_qi(gr), h = kvh * G + gr - qi * G;
     store_f(p.out, p.out_dtype, b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2] + d * p.out_stride[3],
             v);
   };

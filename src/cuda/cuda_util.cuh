@@ -12,6 +12,7 @@
 #include <mutex>
 #include <utility>
 
+#include "cuda/kernels.h"
 #include "veloxquant/dtype.h"
 #include "veloxquant/error.h"
 
@@ -40,6 +41,11 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
   if (have >= bytes) return;
   VQ_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
   have = bytes;
+}
+
+/// x / f.d for any 32-bit x (FastDiv, kernels.h): one multiply-high, a 64-bit add, a shift.
+__device__ __forceinline__ uint32_t fast_div(uint32_t x, FastDiv f) {
+  return uint32_t((uint64_t(__umulhi(x, f.m)) + x) >> f.s);
 }
 
 // ---- loads and stores by runtime dtype (F32 = 0, F16 = 1, BF16 = 2) -----------------------

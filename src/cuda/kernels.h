@@ -20,6 +20,29 @@
 
 namespace veloxquant::cuda {
 
+/// Division of 32-bit unsigned values by a divisor fixed for a launch, as one multiply-high, an
+/// add and a shift (the round-up method of Granlund and Montgomery): with s = ceil(log2 d) and
+/// m = floor(2^32·(2^s − d)/d) + 1, x / d = (umulhi(x, m) + x) >> s for every x < 2^32, the add
+/// taken in 64 bits. The host fills it (make_fast_div); the kernels divide with
+/// fast_div (cuda_util.cuh): a 32-bit `/` by a runtime value is ~20 dependent instructions and a
+/// 64-bit one a call of ~70, which every warp of a block ran in the attention setup.
+struct FastDiv {
+  uint32_t d = 1, m = 1, s = 0;
+};
+constexpr FastDiv make_fast_div(uint32_t d) {
+  FastDiv f;
+  f.d = d < 1 ? 1 : d;
+  uint32_t s = 0;
+  while ((uint64_t(1) << s) < f.d) ++s;
+  f.s = s;
+  f.m = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << s) - f.d)) / f.d + 1);
+  return f;
+}
+/// The same quotient on the host (what the tests check against `/`).
+constexpr uint32_t fast_div_host(uint32_t x, FastDiv f) {
+  return uint32_t(((((uint64_t(x) * f.m) >> 32) + x) >> f.s));
+}
+
 /// A float tensor of rank 4 on the device: data, dtype (F32/F16/BF16) and element strides.
 struct DevTensor4 {
   const void* data = nullptr;
@@ -111,8 +134,12 @@ struct AttnParams {
   /// into one thread-block cluster, whose blocks merge their partials through distributed
   /// shared memory (no workspace round trip, no last-block merge).
   int cluster_launch = 0;
+  /// Set by attn_launch, not by callers (launch_entry): the launch's fixed divisors as
+  /// multiply-high divisions (FastDiv): the GQA group n_heads / n_kv_heads, the row chunks,
+  /// the splits and the window weight.
+  FastDiv div_group, div_row_chunks, div_splits, div_window_weight;
 };
-constexpr int kAttnProfSlots = 14;
+constexpr int kAttnProfSlots = 15;  // 0-7, 10-13 clock64 stamps, 8-9 globaltimer, 14 the SM
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
 /// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.
 constexpr int64_t attn_split_chunk(int64_t units, int splits) { return ((units + splits - 1) / splits + 31) / 32 * 32; }
