@@ -33,6 +33,7 @@
 #include <tuple>
 #include <vector>
 
+#include "cuda/cuda_util.cuh"
 #include "cuda/encode_grid.h"
 #include "cuda/kernels.h"
 #include "veloxquant/cuda_cache.h"
@@ -164,6 +165,77 @@ double flushed_median_us(Timer& tm, const Flush& flush, int warm, int reps, F&& 
     if (r >= warm) t.push_back(ms);
   }
   return median(t) * 1e3;
+}
+
+/// Start-up probe (--startup-probe; diagnosis of run 141): how long after block entry a warp's
+/// first cp.async tile of a cold buffer lands when the kernel does nothing else. One block of 512
+/// threads per SM (as much dynamic shared memory as the d4b8 attention kernel), 128 blocks (the
+/// batch-1 grid), each warp one 2 KB tile (a d4b8 ring stage) at its block's 512 KB share.
+/// mode 0: copies issued at entry; 1: after a dependent load of one int from another cold buffer
+/// (the attention setup waits for the lengths so); 2: an empty kernel (launch and drain only).
+/// Thread 0 writes globaltimer at entry, at issue and once its copies have landed.
+__global__ void startup_probe(const uint8_t* buf, const int* len, size_t per_block, int mode,
+                              unsigned long long* out) {
+  extern __shared__ __align__(16) unsigned char probe_smem[];
+  if (mode == 2) return;
+  const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
+  unsigned long long g0, g1, g2;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+  size_t off = size_t(blockIdx.x) * per_block + size_t(warp) * 2048;
+  int dep = 0;
+  if (mode == 1) dep = __ldg(len);  // 0 in the buffer: a dependency, not an offset
+  off += size_t(dep);
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g1) : "r"(dep));
+  const uint32_t dst = uint32_t(__cvta_generic_to_shared(probe_smem + warp * 2048));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) veloxquant::cuda::cp_async16(dst + i * 512 + lane * 16, buf + off + i * 512 + lane * 16);
+  veloxquant::cuda::cp_async_commit();
+  veloxquant::cuda::cp_async_wait<0>();
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g2));
+  if (tid == 0) out[blockIdx.x * 3] = g0, out[blockIdx.x * 3 + 1] = g1, out[blockIdx.x * 3 + 2] = g2;
+}
+
+void run_startup_probe(Timer& tm, const Flush& flush_clean) {
+  const int nblk = 128;
+  const size_t per_block = size_t(512) << 10;
+  uint8_t* buf = nullptr;
+  int* len = nullptr;
+  unsigned long long* out = nullptr;
+  CK(cudaMalloc(&buf, nblk * per_block));
+  CK(cudaMalloc(&len, 4096));
+  CK(cudaMalloc(&out, nblk * 3 * 8));
+  CK(cudaMemset(buf, 1, nblk * per_block));
+  CK(cudaMemset(len, 0, 4096));
+  const int smem = 220 << 10;
+  CK(cudaFuncSetAttribute(startup_probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  Flush none = flush_clean;
+  none.mode = Flush::kNone;
+  const char* mode_names[3] = {"cp.async at entry", "cp.async after a cold dependent load", "empty kernel"};
+  for (int mode = 0; mode < 3; ++mode)
+    for (const Flush* f : std::vector<const Flush*>{&flush_clean, &none}) {
+      if (mode == 2 && f == &none) continue;
+      auto launch = [&] { startup_probe<<<nblk, 512, smem>>>(buf, len, per_block, mode, out); };
+      const double us = flushed_median_us(tm, *f, 3, 20, launch);
+      std::vector<unsigned long long> h(size_t(nblk) * 3);
+      CK(cudaMemcpy(h.data(), out, h.size() * 8, cudaMemcpyDeviceToHost));
+      std::vector<double> issue_land, entry_land;
+      unsigned long long first = ~0ull;
+      for (int i = 0; i < nblk; ++i) first = std::min(first, h[size_t(i) * 3]);
+      for (int i = 0; i < nblk && mode < 2; ++i) {
+        issue_land.push_back((h[size_t(i) * 3 + 2] - h[size_t(i) * 3 + 1]) / 1e3);
+        entry_land.push_back((h[size_t(i) * 3 + 2] - first) / 1e3);
+      }
+      std::sort(issue_land.begin(), issue_land.end());
+      std::sort(entry_land.begin(), entry_land.end());
+      std::printf("startup probe, %-38s after flush %-22s launch %5.1f us", mode_names[mode], f->name(), us);
+      if (mode < 2)
+        std::printf("; tile landed %.2f us (median) / %.2f (max) after issue, %.2f / %.2f after the first block's entry",
+                    issue_land[nblk / 2], issue_land.back(), entry_land[nblk / 2], entry_land.back());
+      std::printf("\n");
+    }
+  CK(cudaFree(buf));
+  CK(cudaFree(len));
+  CK(cudaFree(out));
 }
 
 struct Spec {
@@ -360,6 +432,7 @@ int main(int argc, char** argv) {
   int window_weight = 0;  // 0: the library default
   Flush::Mode flush_mode = Flush::kClean;
   double guard_us = 0.0;
+  bool startup_probe_only = false;
   bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
        value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
   for (int i = 1; i < argc; ++i) {
@@ -383,6 +456,7 @@ int main(int argc, char** argv) {
       flush_mode = m == "clean" ? Flush::kClean : m == "dirty" ? Flush::kDirty : Flush::kNone;
     }
     else if (a == "--profile") profile = true;  // per-block phase timestamps (diagnosis only)
+    else if (a == "--startup-probe") startup_probe_only = true;  // diagnosis: a cold tile's landing at launch
     else if (a == "--window-regs") window_regs = true;  // A/B: residual window through registers
     else if (a == "--window-last") window_last = true;  // A/B: residual window after the coded tokens (before run 125)
     else if (a == "--value-gathers") value_gathers = true;  // A/B: d8 value centroids gathered per lane (no ldmatrix)
@@ -430,6 +504,12 @@ int main(int argc, char** argv) {
   flush.guard_ns = static_cast<unsigned long long>(guard_us * 1e3);
   CK(cudaMalloc(&flush.buf, flush.bytes));
   CK(cudaMemset(flush.buf, 1, flush.bytes));
+  if (startup_probe_only) {
+    Flush clean = flush;
+    clean.mode = Flush::kClean;
+    run_startup_probe(tm, clean);
+    return 0;
+  }
   {
     // Does the flush empty L2, and what does it leave for the timed launch? A 32 MB buffer X (half
     // of L2) is timed after "read X, flush" and after "read Y, flush" (Y another 32 MB): where the
