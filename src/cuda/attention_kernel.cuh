@@ -155,8 +155,8 @@ struct AttnTraits {
   // (kMTo = D/32 quads instead of D/16). The scores of the 4 duplicated rows cost what the 4
   // dead rows did.
   static constexpr bool kR4 = R4 != 0;
-  static_assert(!kR4 || (NT == 1 && VS == 4 && CBF != 3),
-                "the four-row kernel: one row tile, d4 values with fp16 (or E4M3-converted) centroids");
+  static_assert(!kR4 || (NT == 1 && VS == 4),
+                "the four-row kernel: one row tile, d4 values (fp16, or E4M3 / int8 converted to fp16)");
   static constexpr int kMTo = kR4 ? kVSpt : kMT;  // accumulator quads per lane
   static constexpr int kVRowW = kVRow / 4;
   static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
@@ -963,12 +963,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
           for (int n = 0; n < NT; ++n) mma_f16(o[mt][n], a[0], a[1], a[2], a[3], bp[kt][n][0], bp[kt][n][1]);
         }
       } else {
-        if constexpr (kVals8) {
-          constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
+        constexpr uint32_t kOnes = 0x3C003C00u;  // fp16 1.0, 1.0
+        if constexpr (kVals8 && !T::kR4) {
 #pragma unroll
           for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bp[kt][n][0], bp[kt][n][1]);
         }
-        if constexpr ((T::kPairV || T::kR4) && !kVals8) {
+        if constexpr ((T::kPairV && !kVals8) || T::kR4) {
           // B operands of octet h (tokens 2t + 8h, 2t + 1 + 8h at K pairs t, t + 4) with P in
           // element e of each pair and 0 in the other (fp16: the lower K index in the low half).
           // kR4: one operand per octet, P (this lane's own pair x: row g / 2) in element g & 1 —
@@ -987,10 +987,28 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
                 bz[n][h][kE - 1][0] = x << 16, bz[n][h][kE - 1][1] = x & 0xFFFF0000u;
               }
             }
+          // kR4 with int8 values: the all-ones MMA per octet sums row t's P (every accumulator of
+          // o1 then holds it: the operand's columns 2t, 2t + 1 are both row t), for the offset
+          if constexpr (kVals8) {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int n = 0; n < NT; ++n) mma_f16(o1[n], kOnes, kOnes, kOnes, kOnes, bz[n][h][0][0], bz[n][h][0][1]);
+          }
 #pragma unroll
           for (int i = 0; i < T::kVSpt; ++i) {
             uint32_t vw[4][2];  // tokens vtok(q): words (dims 0, 1) and (dims 2, 3)
             vwords(kt, i, vw);
+            if constexpr (kVals8) {
+              // int8 (kR4): a token's 4 offset-binary bytes become (dims 0, 1), (dims 2, 3) as fp16
+              // 1024 + u, each byte under the exponent byte 0x64 (one PRMT a word, exact)
+              constexpr uint32_t kExp = 0x64646464u;
+#pragma unroll
+              for (int q = 0; q < 4; ++q) {
+                const uint32_t w = vw[q][0];
+                vw[q][0] = prmt(w, kExp, 0x4140u), vw[q][1] = prmt(w, kExp, 0x4342u);
+              }
+            }
 #pragma unroll
             for (int h = 0; h < 2; ++h)
 #pragma unroll
