@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   constexpr bool kTM = NT == 1 && KT >= 2 && CBF != 0;
   [[maybe_unused]] int loT[2], hiT[2];
   if constexpr (kTM) row_bounds(kR4 ? t : 2 * t, loT[0], hiT[0]), row_bounds(kR4 ? t : 2 * t + 1, loT[1], hiT[1]);
-  // The split arithmetic in 32 bits (attn_launch checks that the units fit in 31: code
+  // The split arithmetic in 32 bits (launch_entry checks that the units fit in 31: code
   // capacity + window weight x residual length), the divisions by the host's FastDivs: the same
   // values as attn_split_chunk's 64-bit ones, which the host's hint uses.
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
