@@ -88,11 +88,17 @@ __global__ void __launch_bounds__(512) stream_read(const uint4* p, size_t n16, u
   }
   if (sink) sink[size_t(blockIdx.x) * blockDim.x + threadIdx.x] = acc;
 }
+// The GPU's nanosecond timer.
+__device__ __forceinline__ unsigned long long globaltimer_ns() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
 // Spins one thread for ns nanoseconds (globaltimer): the guard between a flush and a start event.
 __global__ void spin_ns(unsigned long long ns) {
-  unsigned long long t0, t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+  const unsigned long long t0 = globaltimer_ns();
+  while (globaltimer_ns() - t0 < ns) {
+  }
 }
 __global__ void fill_halves(__half* p, size_t n, uint32_t seed, float scale) {
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -179,8 +185,8 @@ __global__ void startup_probe(const uint8_t* buf, const int* len, size_t per_blo
   extern __shared__ __align__(16) unsigned char probe_smem[];
   if (mode == 2) return;
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31;
-  unsigned long long g0, g1, g2;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g0));
+  const unsigned long long g0 = globaltimer_ns();
+  unsigned long long g1;
   size_t off = size_t(blockIdx.x) * per_block + size_t(warp) * 2048;
   int dep = 0;
   if (mode == 1) dep = __ldg(len);  // 0 in the buffer: a dependency, not an offset
@@ -191,7 +197,7 @@ __global__ void startup_probe(const uint8_t* buf, const int* len, size_t per_blo
   for (int i = 0; i < 4; ++i) veloxquant::cuda::cp_async16(dst + i * 512 + lane * 16, buf + off + i * 512 + lane * 16);
   veloxquant::cuda::cp_async_commit();
   veloxquant::cuda::cp_async_wait<0>();
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(g2));
+  const unsigned long long g2 = globaltimer_ns();
   if (tid == 0) out[blockIdx.x * 3] = g0, out[blockIdx.x * 3 + 1] = g1, out[blockIdx.x * 3 + 2] = g2;
 }
 
@@ -907,26 +913,25 @@ int main(int argc, char** argv) {
                       life[life.size() / 2], life.back(), slots, 100.0 * busy / (slots * ((g1 - g0) / 1e3)));
         }
       }
-      for (int k = 0; k < 7; ++k) {
+      auto at = [&](int i, int k) { return h[size_t(i) * cuda::kAttnProfSlots + k]; };  // block i's stamp k
+      // one phase, stamp `from` to stamp `to`, over the blocks that took both stamps
+      auto phase = [&](const char* what, int from, int to) {
         std::vector<double> d;
-        for (int i = 0; i < nblk; ++i) {
-          const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
-          // S == 1: no arrival stamp, phase 5 runs to the exit
-          const int next = (k == 5 && S == 1) ? 7 : k + 1;
-          if (k == 6 && S == 1) continue;
-          if (r[next] == 0 || r[k] == 0) continue;
-          d.push_back(double(r[next] - r[k]) / (ghz * 1e3));
-        }
-        if (d.empty()) continue;
+        for (int i = 0; i < nblk; ++i)
+          if (at(i, from) != 0 && at(i, to) != 0) d.push_back((double(at(i, to)) - double(at(i, from))) / (ghz * 1e3));
+        if (d.empty()) return;
         std::sort(d.begin(), d.end());
-        std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", names[k], d[d.size() / 2], d.back(), d.size());
+        std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", what, d[d.size() / 2], d.back(), d.size());
+      };
+      for (int k = 0; k < 7; ++k) {
+        if (k == 6 && S == 1) continue;
+        phase(names[k], k, (k == 5 && S == 1) ? 7 : k + 1);  // S == 1: no arrival stamp, phase 5 runs to the exit
       }
       {  // the blocks on the critical path: the slowest coded loops and the last exits, with
          // their split, kv head and SM (is the slow one the window's split, or one SM?)
         std::vector<int> idx;
         for (int i = 0; i < nblk; ++i)
-          if (h[size_t(i) * cuda::kAttnProfSlots + 2] > h[size_t(i) * cuda::kAttnProfSlots + 1]) idx.push_back(i);
-        auto at = [&](int i, int k) { return h[size_t(i) * cuda::kAttnProfSlots + k]; };
+          if (at(i, 2) > at(i, 1)) idx.push_back(i);
         auto show = [&](const char* what, auto key) {
           std::sort(idx.begin(), idx.end(), [&](int a, int c) { return key(a) > key(c); });
           std::printf("    %-28s", what);
@@ -943,20 +948,11 @@ int main(int argc, char** argv) {
         }
       }
       // the setup's steps (thread 0), and when its first code stage lands after the setup
-      const int sub[5][2] = {{0, 10}, {10, 11}, {11, 12}, {12, 1}, {1, 13}};
-      const char* sub_names[5] = {"  setup: lengths, split bounds", "  setup: first stages issued", "  setup: query transform",
-                                  "  setup: codebook copies, barrier", "first stage landed after the setup"};
-      for (int k = 0; k < 5; ++k) {
-        std::vector<double> d;
-        for (int i = 0; i < nblk; ++i) {
-          const unsigned long long* r = &h[size_t(i) * cuda::kAttnProfSlots];
-          if (r[sub[k][0]] == 0 || r[sub[k][1]] == 0) continue;
-          d.push_back((double(r[sub[k][1]]) - double(r[sub[k][0]])) / (ghz * 1e3));
-        }
-        if (d.empty()) continue;
-        std::sort(d.begin(), d.end());
-        std::printf("    %-36s median %7.2f us  max %7.2f us  (%zu blocks)\n", sub_names[k], d[d.size() / 2], d.back(), d.size());
-      }
+      phase("  setup: lengths, split bounds", 0, 10);
+      phase("  setup: first stages issued", 10, 11);
+      phase("  setup: query transform", 11, 12);
+      phase("  setup: codebook copies, barrier", 12, 1);
+      phase("first stage landed after the setup", 1, 13);
     }
     const int64_t n_code = fp ? 0 : L - kR, n_win = fp ? L : kR;
     const double bytes = double(nbh) * (double(n_code) * (krs + vrs) + double(n_win) * kD * 2 * 2) +

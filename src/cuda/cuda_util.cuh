@@ -43,11 +43,6 @@ inline void raise_smem_limit(const void* kernel, size_t bytes) {
   have = bytes;
 }
 
-/// x / f.d for any 32-bit x (FastDiv, kernels.h): one multiply-high, a 64-bit add, a shift.
-__device__ __forceinline__ uint32_t fast_div(uint32_t x, FastDiv f) {
-  return uint32_t((uint64_t(__umulhi(x, f.m)) + x) >> f.s);
-}
-
 // ---- loads and stores by runtime dtype (F32 = 0, F16 = 1, BF16 = 2) -----------------------
 __device__ __forceinline__ float load_f(const void* base, DType dt, int64_t i) {
   if (dt == DType::F16) return __half2float(static_cast<const __half*>(base)[i]);

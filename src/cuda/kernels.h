@@ -23,9 +23,9 @@ namespace veloxquant::cuda {
 /// Division of 32-bit unsigned values by a divisor fixed for a launch, as one multiply-high, an
 /// add and a shift (the round-up method of Granlund and Montgomery): with s = ceil(log2 d) and
 /// m = floor(2^32·(2^s − d)/d) + 1, x / d = (umulhi(x, m) + x) >> s for every x < 2^32, the add
-/// taken in 64 bits. The host fills it (make_fast_div); the kernels divide with
-/// fast_div (cuda_util.cuh): a 32-bit `/` by a runtime value is ~20 dependent instructions and a
-/// 64-bit one a call of ~70, which every warp of a block ran in the attention setup.
+/// taken in 64 bits. The host fills it (make_fast_div); the kernels divide with fast_div, the
+/// function the host tests: a 32-bit `/` by a runtime value is ~20 dependent instructions
+/// and a 64-bit one a call of ~70, which every warp of a block ran in the attention setup.
 struct FastDiv {
   uint32_t d = 1, m = 1, s = 0;
 };
@@ -38,9 +38,19 @@ constexpr FastDiv make_fast_div(uint32_t d) {
   f.m = uint32_t(((uint64_t(1) << 32) * ((uint64_t(1) << s) - f.d)) / f.d + 1);
   return f;
 }
-/// The same quotient on the host (what the tests check against `/`).
-constexpr uint32_t fast_div_host(uint32_t x, FastDiv f) {
-  return uint32_t(((((uint64_t(x) * f.m) >> 32) + x) >> f.s));
+#if defined(__CUDACC__)
+#define VQ_HOST_DEVICE __host__ __device__
+#else
+#define VQ_HOST_DEVICE
+#endif
+/// x / f.d: the high half of x·m is __umulhi on the device, the same product in 64 bits on the
+/// host (which the tests run).
+constexpr VQ_HOST_DEVICE uint32_t fast_div(uint32_t x, FastDiv f) {
+#if defined(__CUDA_ARCH__)
+  return uint32_t((uint64_t(__umulhi(x, f.m)) + x) >> f.s);
+#else
+  return uint32_t((((uint64_t(x) * f.m) >> 32) + x) >> f.s);
+#endif
 }
 
 /// A float tensor of rank 4 on the device: data, dtype (F32/F16/BF16) and element strides.

@@ -11,7 +11,7 @@
 #include "cuda/kernels.h"
 
 using veloxquant::cuda::attn_split_chunk;
-using veloxquant::cuda::fast_div_host;
+using veloxquant::cuda::fast_div;
 using veloxquant::cuda::FastDiv;
 using veloxquant::cuda::make_fast_div;
 
@@ -42,23 +42,23 @@ TEST(FastDiv, EqualsIntegerDivisionForEveryDivisorKind) {
   for (uint32_t d : divisors) {
     const FastDiv f = make_fast_div(d);
     ASSERT_EQ(f.d, d);
-    for (uint32_t x : edge_values(d)) ASSERT_EQ(fast_div_host(x, f), x / d) << "x = " << x << ", d = " << d;
+    for (uint32_t x : edge_values(d)) ASSERT_EQ(fast_div(x, f), x / d) << "x = " << x << ", d = " << d;
     for (int i = 0; i < 300; ++i) {
       const uint32_t x = uint32_t(rng());
-      ASSERT_EQ(fast_div_host(x, f), x / d) << "x = " << x << ", d = " << d;
+      ASSERT_EQ(fast_div(x, f), x / d) << "x = " << x << ", d = " << d;
     }
   }
   // every x for the divisors the kernel sees most (GQA groups, splits, the window weight)
   for (uint32_t d : {1u, 2u, 3u, 4u, 5u, 6u, 7u, 8u, 10u, 12u, 16u, 32u}) {
     const FastDiv f = make_fast_div(d);
-    for (uint64_t x = 0; x < (uint64_t(1) << 20); ++x) ASSERT_EQ(fast_div_host(uint32_t(x), f), uint32_t(x) / d);
+    for (uint64_t x = 0; x < (uint64_t(1) << 20); ++x) ASSERT_EQ(fast_div(uint32_t(x), f), uint32_t(x) / d);
   }
 }
 
 TEST(FastDiv, ZeroDivisorIsTreatedAsOne) {
   const FastDiv f = make_fast_div(0);
   EXPECT_EQ(f.d, 1u);
-  EXPECT_EQ(fast_div_host(12345u, f), 12345u);
+  EXPECT_EQ(fast_div(12345u, f), 12345u);
 }
 
 // The kernel's split of a segment: chunk = round_up(ceil(units / S), 32) in 32 bits through the
@@ -71,11 +71,11 @@ TEST(FastDiv, SplitChunkMatchesTheHostsSixtyFourBitArithmetic) {
     const uint32_t units =
         it % 4 == 0 ? uint32_t(rng() % 4096) : uint32_t(rng() % ((uint64_t(1) << 31) - 64));  // small and large
     const FastDiv fs = make_fast_div(uint32_t(S));
-    const uint32_t chunk32 = (fast_div_host(units + uint32_t(S - 1), fs) + 31u) & ~31u;
+    const uint32_t chunk32 = (fast_div(units + uint32_t(S - 1), fs) + 31u) & ~31u;
     ASSERT_EQ(int64_t(chunk32), attn_split_chunk(units, S)) << "units " << units << ", splits " << S;
     const uint32_t ww = uint32_t(rng() % 40) + 1;
     const FastDiv fw = make_fast_div(ww);
     const uint32_t a = uint32_t(rng() % (uint64_t(1) << 30));
-    ASSERT_EQ(fast_div_host(a + ww - 1, fw), uint32_t((int64_t(a) + ww - 1) / ww));
+    ASSERT_EQ(fast_div(a + ww - 1, fw), uint32_t((int64_t(a) + ww - 1) / ww));
   }
 }
