@@ -440,7 +440,7 @@ int main(int argc, char** argv) {
   double guard_us = 0.0;
   bool startup_probe_only = false;
   bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
-       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, prefill = false;
+       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, prefill = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -469,11 +469,13 @@ int main(int argc, char** argv) {
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
+    else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
   auto selected = [&](const std::string& name) { return filter.empty() || name.find(filter) != std::string::npos; };
   cuda::attn_set_cluster_merge(!no_cluster);
   cuda::attn_set_rows4(!no_rows4);
+  cuda::attn_set_wide(!no_wide);
   cuda::attn_set_window_first(!window_last);
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");
@@ -842,10 +844,12 @@ int main(int argc, char** argv) {
     p.counters = bf.counters;
     p.done_counter = bf.done;
     CK(cudaMemset(bf.out, 0xFF, size_t(B) * kH * kD * 2));  // poison: NaN halves
-    const long long clusters_before = cuda::attn_cluster_launches();
+    const long long clusters_before = cuda::attn_cluster_launches(), wide_before = cuda::attn_wide_launches();
     launch(p);
     // how the splits merged: as clusters (distributed shared memory) or through the workspace
     const char* merge = S == 1 ? "-" : cuda::attn_cluster_launches() > clusters_before ? "cl" : "ws";
+    // blocks per SM of the kernel that ran: a two-blocks kernel (attn_set_wide) or the planned one
+    const int occ = cuda::attn_wide_launches() > wide_before ? 2 : bps;
     CK(cudaDeviceSynchronize());
     double worst = 0, worst_f32 = -1;
     for (auto [b, h] : {std::pair{0, 0}, std::pair{B - 1, kKV - 1}}) {
@@ -959,7 +963,7 @@ int main(int argc, char** argv) {
                          2.0 * B * kH * kD * 2;
     const double gbps = bytes / (us * 1e-6) / 1e9;
     std::printf("%-22s B=%-3d L=%-7d splits=%-2d merge=%-2s occ=%d %9.1f us %8.0f GB/s (%5.1f%% of copy) valid NMSE %.2e %s",
-                name.c_str(), B, L, S, merge, bps, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
+                name.c_str(), B, L, S, merge, occ, us, gbps, 100.0 * gbps / copy_gbps, worst, ok ? "ok" : "FAILED");
     if (s.fmt) std::printf(" (vs f32 codebooks %.2e)", worst_f32);
     std::printf("\n");
     std::fflush(stdout);

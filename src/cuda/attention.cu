@@ -26,6 +26,7 @@ void attn_register_k4b10_v8b12(std::vector<AttnEntry>&);
 void attn_register_k8b8_v8b8(std::vector<AttnEntry>&);
 void attn_register_wide_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
+void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
@@ -39,7 +40,7 @@ std::vector<AttnEntry> collect(std::initializer_list<RegisterFn> fns) {
 }
 
 /// Every configuration's kernels; the two-blocks-per-SM ones (grids of two waves or more); the
-/// four-row ones (chunks of <= 4 query rows).
+/// four-row ones (chunks of <= 4 query rows), and their two-blocks ones.
 const std::vector<AttnEntry>& registry() {
   static const std::vector<AttnEntry> r =
       collect({attn_register_k4b8_v4b8, attn_register_k4b12_v8b8, attn_register_k8b12_v8b12,
@@ -52,6 +53,10 @@ const std::vector<AttnEntry>& wide_registry() {
 }
 const std::vector<AttnEntry>& rows4_registry() {
   static const std::vector<AttnEntry> r = collect({attn_register_rows4_k4b8_v4b8});
+  return r;
+}
+const std::vector<AttnEntry>& wide_rows4_registry() {
+  static const std::vector<AttnEntry> r = collect({attn_register_wide_rows4_k4b8_v4b8});
   return r;
 }
 
@@ -69,6 +74,7 @@ const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k
 const AttnEntry* find(const AttnConfigKey& k) { return find_in(registry(), k); }
 const AttnEntry* find_wide(const AttnConfigKey& k) { return find_in(wide_registry(), k); }
 const AttnEntry* find_rows4(const AttnConfigKey& k) { return find_in(rows4_registry(), k); }
+const AttnEntry* find_wide_rows4(const AttnConfigKey& k) { return find_in(wide_rows4_registry(), k); }
 
 int device_sms(int dev) {
   static int cache[64] = {};
@@ -89,24 +95,23 @@ std::string key_str(const AttnConfigKey& k) {
 }
 
 /// Raises the dynamic shared-memory limit of a kernel once per device (and checks, for the
-/// 64 KB-aligned codebook layout, that dynamic shared memory starts where it was sized for:
-/// after the 0 or 1 KB the driver reserves per block, as on sm_80/sm_90).
+/// codebook layouts that assume where dynamic shared memory starts, that it starts there: after
+/// the 0 or 1 KB the driver reserves per block for the 64 KB-aligned layout, after 1 KB for the
+/// two-blocks layout whose gathers carry the base as an immediate; sm_80/sm_90 reserve 1 KB).
 void ensure_smem_attr(const AttnEntry& e) {
   if (e.prmt) {
-    static std::atomic<int> reserved_ok[64] = {};  // per device: 0 unchecked, 1 checked
+    static std::atomic<int> reserved_seen[64] = {};  // per device: 0 unqueried, else reserved bytes + 1
     int dev = 0;
     VQ_CUDA_CHECK(cudaGetDevice(&dev));
-    if (dev >= 0 && dev < 64 && reserved_ok[dev].load() != 0) {
-      raise_smem_limit(e.kernel, size_t(e.smem));
-      return;
+    int reserved = dev >= 0 && dev < 64 ? reserved_seen[dev].load() - 1 : -1;
+    if (reserved < 0) {
+      VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+      if (dev >= 0 && dev < 64) reserved_seen[dev].store(reserved + 1);
     }
-    int reserved = 0;
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-    VQ_CHECK_T(reserved == 0 || reserved == 1024, UnsupportedError,
+    VQ_CHECK_T(reserved == 1024 || (reserved == 0 && e.prmt == 1), UnsupportedError,
                "CUDA attention: device " << dev << " reserves " << reserved
                                          << " bytes of shared memory per block; the 8-bit codebook layout of "
-                                         << key_str(e.key) << " is sized for 0 or 1024");
-    if (dev >= 0 && dev < 64) reserved_ok[dev].store(1);
+                                         << key_str(e.key) << (e.prmt == 1 ? " is sized for 0 or 1024" : " (two blocks per SM) is sized for 1024"));
   }
   raise_smem_limit(e.kernel, size_t(e.smem));
 }
@@ -119,6 +124,8 @@ std::atomic<bool> g_rows4_allowed{true};
 std::atomic<bool> g_window_first{true};  // attn_set_window_first
 std::atomic<long long> g_window_first_launches{0};
 std::atomic<long long> g_rows4_launches{0};
+std::atomic<bool> g_wide_allowed{true};
+std::atomic<long long> g_wide_launches{0};
 
 /// The entry a launch of configuration k with p's shape runs (before the two-blocks choice):
 /// the four-row kernel when the chunk holds at most 4 query rows and one is built, else k's.
@@ -249,6 +256,21 @@ bool attn_set_rows4(bool allowed) { return g_rows4_allowed.exchange(allowed); }
 bool attn_set_window_first(bool on) { return g_window_first.exchange(on); }
 long long attn_window_first_launches() { return g_window_first_launches.load(); }
 long long attn_rows4_launches() { return g_rows4_launches.load(); }
+bool attn_set_wide(bool allowed) { return g_wide_allowed.exchange(allowed); }
+bool attn_wide_pays(int64_t blocks, int64_t sms) {
+  if (sms <= 0 || blocks < 2 * sms) return false;
+  // In units of a one-block kernel's block time: that kernel runs ceil(blocks / sms) waves; the
+  // two-blocks kernel runs rounds of 2·sms blocks, a pair on an SM taking kPair, and a last
+  // round of sms blocks or fewer, one alone on an SM (8 warps), taking kLone. Run 145, int8 keys,
+  // one-block against two-blocks kernel: kPair 1.92 at 16384 tokens a block (1.83 at 8192, 1.70
+  // at 4096: the longest, least favourable one is taken), kLone 1.12 (34-48 x 16384).
+  constexpr double kPair = 1.92, kLone = 1.12;
+  const double one = double((blocks + sms - 1) / sms);
+  const int64_t rounds = blocks / (2 * sms), rest = blocks % (2 * sms);
+  const double wide = kPair * double(rounds + (rest > sms ? 1 : 0)) + (rest > 0 && rest <= sms ? kLone : 0.0);
+  return wide < 0.98 * one;
+}
+long long attn_wide_launches() { return g_wide_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
 
 const char* attn_compiled_list() {
@@ -318,15 +340,19 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
                                                      << e->k_row << "/" << e->v_row << " the kernel is built for");
   e = pick_entry(k, p);
   if (e->rows4) g_rows4_launches.fetch_add(1);
-  // Two waves of blocks or more (unsplit): the two-blocks-per-SM instantiation where one exists
-  // (not over the four-row kernel: E4M3's was 10% faster than its two-blocks kernel, run 78).
-  if (!e->rows4 && p.n_splits == 1) {
-    if (const AttnEntry* w = find_wide(k)) {
+  // Unsplit grids of two waves of blocks or more: the two-blocks-per-SM instantiation where one
+  // exists and the wave model says it pays (attn_wide_pays), so one block's setup and tail
+  // overlap the other's loop (the four-row kernels' own since run 145; the 8-row E4M3 one lost to
+  // the one-block four-row kernel, run 78, and keeps the older rule: two waves or more).
+  if (p.n_splits == 1 && g_wide_allowed.load()) {
+    if (const AttnEntry* w = e->rows4 ? find_wide_rows4(k) : find_wide(k)) {
       int dev = 0;
       VQ_CUDA_CHECK(cudaGetDevice(&dev));
-      if (gy * p.batch >= 2 * int64_t(device_sms(dev))) e = w;
+      const int64_t blocks = gy * p.batch, sms = device_sms(dev);
+      if (e->rows4 ? attn_wide_pays(blocks, sms) : blocks >= 2 * sms) e = w;
     }
   }
+  if (e->wide) g_wide_launches.fetch_add(1);
   ensure_smem_attr(*e);
   if (p.hint_chunk > 0) g_hinted_launches.fetch_add(1);
   const bool window_first = p.window_first && g_window_first.load();

@@ -211,9 +211,16 @@ struct AttnTraits {
   // the code byte permuted into byte 1 of the lane's base (one PRMT, no multiply-add). The
   // region follows the first window boundary past the dynamic base (0x400 on sm_80/sm_90,
   // after the 1 KB the driver reserves); the query buffers use the gap before it.
-  static constexpr bool kPrmt = MINB == 1 && KB == 8 && VB == 8 && kGK == 1 && kGV == 1 && kNK == 256 && kNV == 256 &&
-                                kRK * kEK == 128 && kRV * kEV == 128;
-  static constexpr int kCbRow = kPrmt ? 256 : 128;
+  static constexpr bool kCbFull = KB == 8 && VB == 8 && kGK == 1 && kGV == 1 && kNK == 256 && kNV == 256 &&
+                                  kRK * kEK == 128 && kRV * kEV == 128;
+  static constexpr bool kPrmt = MINB == 1 && kCbFull;
+  // Two blocks per multiprocessor cannot place a 64 KB-aligned region (a block gets <= 113 KB):
+  // the region then sits at the dynamic base itself, a lane's base is its copy offset alone
+  // (< 256: bytes 1..3 zero), and the base's shared address, a compile-time constant (kDynBase,
+  // checked at entry), rides in the gather's immediate offset: PRMT + LDS [r + imm] again.
+  static constexpr bool kPrmtRel = MINB == 2 && kCbFull;
+  static constexpr uint32_t kDynBase = 0x400;  // the dynamic shared base on sm_80/sm_90 (see kPrmt)
+  static constexpr int kCbRow = kPrmt || kPrmtRel ? 256 : 128;
   static constexpr int kPrmtTail = kRingBytes > kCombineBytes - 65536 ? kRingBytes : kCombineBytes - 65536;
   static constexpr int kSmem = kPrmt ? 0xFC00 + 65536 + kPrmtTail : kRegion + kRingBytes + kQBytes;
   static_assert(kCbBytes <= kCbBudget || (kRK == 1 && kRV == 1), "codebooks do not fit");
@@ -405,8 +412,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     if (off + 65536u + T::kPrmtTail + (off >= uint32_t(T::kQBytes) ? 0u : uint32_t(T::kQBytes)) > uint32_t(T::kSmem))
       __trap();  // a dynamic shared base this layout was not sized for
   }
+  if constexpr (T::kPrmtRel) {
+    if (uint32_t(__cvta_generic_to_shared(smem)) != T::kDynBase) __trap();  // the gathers' immediate
+  }
   unsigned char* const sK = region;
-  unsigned char* const sV = region + (T::kPrmt ? 128 : T::kKcbBytes);
+  unsigned char* const sV = region + (T::kPrmt || T::kPrmtRel ? 128 : T::kKcbBytes);
   unsigned char* const sQt = sQbuf;                                // [kRows] segmented rows: q̃·scale
   unsigned char* const sQr = sQt + kRows * T::kQRowB;              // [kRows] segmented rows: q·scale
   unsigned char* const sQ8 = sQr + kRows * T::kQRowB;  // int8 keys: [2·kRows] segmented int8 q̃ (hi, then lo rows)
@@ -843,23 +853,27 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   const int k_off = (lane & (T::kRK - 1)) * T::kGK * T::kEK;  // this lane's codebook copy
   const int v_off = (lane & (T::kRV - 1)) * T::kGV * T::kEV;
   // 32-bit shared-window addresses: with full replication a lookup is one IMAD (c·128 + base)
-  const uint32_t k_base = uint32_t(__cvta_generic_to_shared(sK)) + uint32_t(k_off);
-  const uint32_t v_base = uint32_t(__cvta_generic_to_shared(sV)) + uint32_t(v_off);
+  // kPrmtRel: the bases are the copy offsets within a 256-byte row, the region's address kImm
+  // is added last, as a constant the gathers fold into their immediate offsets
+  constexpr uint32_t kImm = T::kPrmtRel ? T::kDynBase : 0u;
+  const uint32_t k_base = (T::kPrmtRel ? 0u : uint32_t(__cvta_generic_to_shared(sK))) + uint32_t(k_off);
+  const uint32_t v_base = (T::kPrmtRel ? 128u : uint32_t(__cvta_generic_to_shared(sV))) + uint32_t(v_off);
   auto k_addr = [&](uint32_t c) -> uint32_t {
-    if constexpr (T::kGK == 1) return c * uint32_t(T::kCbRow) + k_base;
+    if constexpr (T::kGK == 1) return c * uint32_t(T::kCbRow) + k_base + kImm;
     else return (c / T::kGK) * 128u + (c % T::kGK) * uint32_t(T::kEK) + k_base;
   };
   auto v_addr = [&](uint32_t c) -> uint32_t {
-    if constexpr (T::kGV == 1) return c * uint32_t(T::kCbRow) + v_base;
+    if constexpr (T::kGV == 1) return c * uint32_t(T::kCbRow) + v_base + kImm;
     else return (c / T::kGV) * 128u + (c % T::kGV) * uint32_t(T::kEV) + v_base;
   };
-  // Shared address of the entry of code i in a realigned code stream: one PRMT in kPrmt mode.
+  // Shared address of the entry of code i in a realigned code stream: one PRMT in kPrmt and
+  // kPrmtRel mode.
   auto k_at = [&](const auto& a, int i) -> uint32_t {
-    if constexpr (T::kPrmt) return __byte_perm(a[i >> 2], k_base, 0x7604u | (uint32_t(i & 3) << 4));
+    if constexpr (T::kPrmt || T::kPrmtRel) return __byte_perm(a[i >> 2], k_base, 0x7604u | (uint32_t(i & 3) << 4)) + kImm;
     else return k_addr(code_at<KB>(a, i));
   };
   auto v_at = [&](const auto& a, int i) -> uint32_t {
-    if constexpr (T::kPrmt) return __byte_perm(a[i >> 2], v_base, 0x7604u | (uint32_t(i & 3) << 4));
+    if constexpr (T::kPrmt || T::kPrmtRel) return __byte_perm(a[i >> 2], v_base, 0x7604u | (uint32_t(i & 3) << 4)) + kImm;
     else return v_addr(code_at<VB>(a, i));
   };
   // The k-tile tokens whose values lane (g, t) feeds to the value MMA: 2t, 2t + 1, 2t + 8, 2t + 9.
@@ -880,7 +894,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int mt = 0; mt < T::kMT; ++mt) {
         const uint32_t byte = (mt & 1) ? b1 : b0;
-        if constexpr (T::kPrmt) ad[mt] = __byte_perm(w[mt >> 1], v_base, 0x7604u | (byte << 4));
+        if constexpr (T::kPrmt || T::kPrmtRel) ad[mt] = __byte_perm(w[mt >> 1], v_base, 0x7604u | (byte << 4)) + kImm;
         else ad[mt] = v_addr(__byte_perm(w[mt >> 1], 0u, 0x4440u | byte));
       }
     } else {
@@ -2009,7 +2023,7 @@ struct AttnEntry {
   int smem, threads;
   int k_row, v_row;  ///< code row strides the kernel is compiled for
   int wide = 0;  ///< 1: two blocks per multiprocessor, chosen for grids of two waves or more
-  int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400)
+  int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400); 2: kPrmtRel (at 0x400)
   int rows4 = 0; ///< 1: the four-row kernel (AttnTraits::kR4), for chunks of <= 4 query rows
   int win_first = 0; ///< 1: attends the window rows before the coded tokens (AttnTraits::kWinFirst)
 };
@@ -2027,7 +2041,7 @@ AttnEntry attn_entry() {
           T::kKRow,
           T::kVRow,
           0,
-          int(T::kPrmt),
+          T::kPrmt ? 1 : T::kPrmtRel ? 2 : 0,
           int(T::kR4),
           int(T::kWinFirst)};
 }

@@ -50,4 +50,31 @@ void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
   out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 3, 1>());
   out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 3, 1>());
 }
+// The four-row kernels' two-blocks form (8 warps of 2-k-tile warp tiles, 2 ring stages, 104 KB:
+// every codebook copy kept, gathers by one PRMT with the base as an immediate, AttnTraits::
+// kPrmtRel), for unsplit grids where the wave model says it pays (attn_wide_pays). Run 145, same
+// binary with and without it, 2 repetitions, 64 x 16384: int8 keys 188.4 / 188.6 us against
+// 196.6 / 196.4 (71.1-71.6% of copy), fp16 221.4 / 221.3 against 227.8 / 227.4, E4M3 252.9 /
+// 253.9 against 263.2 / 264.1, int8 keys and values 210.8 / 211.5 against 218.2 / 218.1; int8
+// keys at 128 x 8192 / 256 x 4096: 206.0 / 235.6 against 225.3 / 276.8 us. At batch 1 and 8
+// (split grids) the variants lost 5-9% (run 144), so split launches keep the one-block kernel.
+void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
+  auto add = [&](AttnEntry e) {
+    e.wide = 1;
+    out.push_back(e);
+  };
+  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>());
+  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>());
+  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>());
+  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>());
+  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>());  // E4M3
+  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>());
+  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>());  // int8 keys and values
+  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>());
+}
+static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>::kPrmtRel,
+              "the two-blocks four-row kernels lost full codebook replication");
 }  // namespace veloxquant::cuda

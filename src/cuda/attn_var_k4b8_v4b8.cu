@@ -44,7 +44,22 @@ void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>& out) {
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 1, 16, 3, 2, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 1, 16, 4, 2, 1>());
   out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 1, 16, 6, 2, 1>());
+  // two blocks of 8 warps per multiprocessor for the four-row kernels, so one block's setup and
+  // tail overlap the other's loop at large batch; their codebooks keep one-PRMT gathers
+  // (AttnTraits::kPrmtRel). Run 144 (2 repetitions): int8 keys 2 k-tiles x 2 stages 189.7 / 190.2
+  // us at 64 x 16384 against the one-block kernel's 196.2 / 196.1 (1 k-tile: 223.5-225.0), fp16
+  // 221.6 / 222.6 against 228.2; at 1 x 131072 and 8 x 32768 (split grids) 5-9% slower. The
+  // 2 x 2 shape became the four-row kernels' two-blocks form (attn_k4b8_v4b8.cu, run 145).
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 2, 8, 4, 2, 1>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 1, 2, 8, 3, 2, 1>());
+  out.push_back(attn_variant<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>());
 }
+static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 1, 2, 8, 4, 2, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 1, 2, 8, 3, 2, 1>::kPrmtRel &&
+                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>::kPrmtRel,
+              "two-blocks four-row variants lost full codebook replication");
 #else
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&) {}
 #endif

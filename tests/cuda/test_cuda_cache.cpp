@@ -714,6 +714,76 @@ TEST(CudaAttention, FourRowKernelMatchesTheOracleAndTheEightRowKernel) {
               worst.cases, worst.oracle, worst.between);
 }
 
+// Unsplit grids of two waves of blocks or more take a two-blocks-per-multiprocessor kernel where
+// the configuration has one (attn_set_wide): d4b8's four-row kernels in every codebook format
+// (8 warps, 2 ring stages, the codebook gathers' base as an immediate: AttnTraits::kPrmtRel)
+// where the wave model says it pays (attn_wide_pays), and its 8-row E4M3 kernel. Every case runs
+// with and without them: both against the oracle on the kernel's operands, against each other,
+// and the launch counter must show which kernel ran (an 8-row chunk in another format has no
+// two-blocks kernel; a four-row grid the model turns down keeps the one-block kernel). The two
+// kernels split a block's tokens over 8 and 16 warps, so each warp's running maximum, to which
+// the probabilities are rounded to fp16 for the value MMA, differs: bound 4e-6 between them, as
+// between the four-row and 8-row kernels. Batches are chosen from this GPU's multiprocessor count:
+// the smallest grid of two waves or more where the model takes the two-blocks kernel (33 x 8
+// kv heads on the H200's 132), and the smallest where it does not (34 x 8).
+TEST(CudaAttention, TwoBlocksKernelsMatchTheOracleAndTheOneBlockKernels) {
+  VQ_SKIP_WITHOUT_GPU();
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  // the model itself: 2 waves exactly pay, 2 waves and a few blocks do not, 4 waves less 16 do
+  EXPECT_TRUE(cuda::attn_wide_pays(2 * 132, 132));
+  EXPECT_FALSE(cuda::attn_wide_pays(2 * 132 + 8, 132));
+  EXPECT_FALSE(cuda::attn_wide_pays(2 * 132 - 1, 132));
+  EXPECT_TRUE(cuda::attn_wide_pays(512, 132));
+  EXPECT_FALSE(cuda::attn_wide_pays(384, 132));
+  EXPECT_TRUE(cuda::attn_wide_pays(2048, 132));
+  const int H = 8;
+  auto batch_where = [&](bool pays) {
+    int b = (2 * sms + H - 1) / H;
+    while (cuda::attn_wide_pays(int64_t(b) * H, sms) != pays) ++b;
+    return b;
+  };
+  const int b_yes = batch_where(true), b_no = batch_where(false);
+  const uint64_t seed = 0x2b10cu;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed) + ", " + std::to_string(sms) + " SMs");
+  const Spec d4b8{4, 8, 4, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  struct Case {
+    AttnCase a;
+    bool pays;
+  };
+  const std::vector<Case> cases = {
+      {{d4b8, 128, b_yes, H, 4, 700, 1, 128, true, 0, DType::F16, mb, 1}, true},   // G 4 (Llama-3-8B's group)
+      {{d4b8, 64, b_yes, H, 2, 500, 2, 64, true, 0, DType::BF16, mb, 1}, true},    // G 2 x q_len 2, a bf16 window
+      {{d4b8, 128, b_yes, H, 1, 900, 4, 16, true, 300, DType::F16, mb, 3}, true},  // MHA x q_len 4, sliding, sharp
+      {{d4b8, 128, b_yes, H, 4, 400, 1, 32, true, 0, DType::F32, CacheMode::Stash, 1}, true},
+      {{d4b8, 128, b_no, H, 4, 300, 1, 32, true, 0, DType::F16, mb, 1}, false},    // the model says no
+      {{d4b8, 128, b_yes, H, 8, 300, 1, 32, true, 0, DType::F16, mb, 1}, true},    // G 8: the 8-row kernels
+  };
+  SwitchedWorst worst;
+  int ran_wide = 0;
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::I8, CodebookFormat::E4M3, CodebookFormat::I8KV}) {
+    for (const Case& c : cases) {
+      const AttnCase& a = c.a;
+      if (!compiled(a.spec, a.D)) continue;
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      const OracleCase oc = oracle_case(a, rng, fmt);
+      const SwitchedOutputs r = with_and_without(cuda::attn_set_wide, cuda::attn_wide_launches, oc, "the two-blocks kernel");
+      const bool rows4 = a.G * a.q_len <= 4;
+      const bool has_wide = rows4 ? c.pays : fmt == CodebookFormat::E4M3;  // the 8-row E4M3 rule: two waves
+      EXPECT_EQ(r.launches_on > 0, has_wide) << "which kernel ran";
+      EXPECT_LE(r.nmse_between, has_wide ? 4e-6 : 0.0) << "the two-blocks and one-block kernels disagree";
+      ran_wide += has_wide;
+      worst.add(r);
+    }
+  }
+  EXPECT_GT(ran_wide, 0);
+  std::printf("[cuda attention two-blocks kernels] %d cases (%d on a two-blocks kernel; batches %d and %d on %d SMs), "
+              "worst NMSE %.3g vs the oracle, %.3g between the two-blocks and one-block kernels\n",
+              worst.cases, ran_wide, b_yes, b_no, sms, worst.oracle, worst.between);
+}
+
 // Kernels whose ring cannot stage the window rows (the defaults' d4b12/d8b8 kernels, d8
 // values) attend them first (AttnParams::window_first: through registers before the coded
 // tokens, on the warps with one code tile fewer; the token-major kernels then carry the
