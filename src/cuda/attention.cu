@@ -94,21 +94,31 @@ std::string key_str(const AttnConfigKey& k) {
   return os.str();
 }
 
-/// Raises the dynamic shared-memory limit of a kernel once per device (and checks, for the
-/// codebook layouts that assume where dynamic shared memory starts, that it starts there: after
-/// the 0 or 1 KB the driver reserves per block for the 64 KB-aligned layout, after 1 KB for the
-/// two-blocks layout whose gathers carry the base as an immediate; sm_80/sm_90 reserve 1 KB).
+/// Shared memory the driver reserves per block on the current device (cached per device).
+int reserved_smem(int& dev) {
+  static std::atomic<int> seen[64] = {};  // per device: 0 unqueried, else reserved bytes + 1
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  int reserved = dev >= 0 && dev < 64 ? seen[dev].load() - 1 : -1;
+  if (reserved < 0) {
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
+    if (dev >= 0 && dev < 64) seen[dev].store(reserved + 1);
+  }
+  return reserved;
+}
+/// Whether the dynamic shared base is where e's codebook layout assumes it: after the 0 or 1 KB
+/// the driver reserves per block for the 64 KB-aligned layout (prmt 1), after 1 KB for the
+/// two-blocks layout whose gathers carry the base as an immediate (prmt 2); sm_80/sm_90 reserve 1 KB.
+bool smem_layout_fits(const AttnEntry& e, int& dev, int& reserved) {
+  reserved = e.prmt ? reserved_smem(dev) : 1024;
+  return e.prmt == 0 || reserved == 1024 || (reserved == 0 && e.prmt == 1);
+}
+
+/// Raises the dynamic shared-memory limit of a kernel once per device, after checking its
+/// codebook layout against the device (smem_layout_fits).
 void ensure_smem_attr(const AttnEntry& e) {
   if (e.prmt) {
-    static std::atomic<int> reserved_seen[64] = {};  // per device: 0 unqueried, else reserved bytes + 1
-    int dev = 0;
-    VQ_CUDA_CHECK(cudaGetDevice(&dev));
-    int reserved = dev >= 0 && dev < 64 ? reserved_seen[dev].load() - 1 : -1;
-    if (reserved < 0) {
-      VQ_CUDA_CHECK(cudaDeviceGetAttribute(&reserved, cudaDevAttrReservedSharedMemoryPerBlock, dev));
-      if (dev >= 0 && dev < 64) reserved_seen[dev].store(reserved + 1);
-    }
-    VQ_CHECK_T(reserved == 1024 || (reserved == 0 && e.prmt == 1), UnsupportedError,
+    int dev = 0, reserved = 0;
+    VQ_CHECK_T(smem_layout_fits(e, dev, reserved), UnsupportedError,
                "CUDA attention: device " << dev << " reserves " << reserved
                                          << " bytes of shared memory per block; the 8-bit codebook layout of "
                                          << key_str(e.key) << (e.prmt == 1 ? " is sized for 0 or 1024" : " (two blocks per SM) is sized for 1024"));
@@ -349,7 +359,8 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
       int dev = 0;
       VQ_CUDA_CHECK(cudaGetDevice(&dev));
       const int64_t blocks = gy * p.batch, sms = device_sms(dev);
-      if (e->rows4 ? attn_wide_pays(blocks, sms) : blocks >= 2 * sms) e = w;
+      int reserved = 0;  // a device whose shared base the two-blocks layout does not fit keeps the one-block kernel
+      if ((e->rows4 ? attn_wide_pays(blocks, sms) : blocks >= 2 * sms) && smem_layout_fits(*w, dev, reserved)) e = w;
     }
   }
   if (e->wide) g_wide_launches.fetch_add(1);
