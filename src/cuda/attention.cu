@@ -39,8 +39,8 @@ std::vector<AttnEntry> collect(std::initializer_list<RegisterFn> fns) {
   return v;
 }
 
-/// Every configuration's kernels; the two-blocks-per-SM ones (grids of two waves or more); the
-/// four-row ones (chunks of <= 4 query rows), and their two-blocks ones.
+/// Every configuration's kernels; the two-blocks-per-SM ones (large unsplit grids: 8-row and
+/// four-row forms); the four-row ones (chunks of <= 4 query rows).
 const std::vector<AttnEntry>& registry() {
   static const std::vector<AttnEntry> r =
       collect({attn_register_k4b8_v4b8, attn_register_k4b12_v8b8, attn_register_k8b12_v8b12,
@@ -48,15 +48,11 @@ const std::vector<AttnEntry>& registry() {
   return r;
 }
 const std::vector<AttnEntry>& wide_registry() {
-  static const std::vector<AttnEntry> r = collect({attn_register_wide_k4b8_v4b8});
+  static const std::vector<AttnEntry> r = collect({attn_register_wide_k4b8_v4b8, attn_register_wide_rows4_k4b8_v4b8});
   return r;
 }
 const std::vector<AttnEntry>& rows4_registry() {
   static const std::vector<AttnEntry> r = collect({attn_register_rows4_k4b8_v4b8});
-  return r;
-}
-const std::vector<AttnEntry>& wide_rows4_registry() {
-  static const std::vector<AttnEntry> r = collect({attn_register_wide_rows4_k4b8_v4b8});
   return r;
 }
 
@@ -66,15 +62,15 @@ bool same(const AttnConfigKey& a, const AttnConfigKey& b) {
          a.cb_fmt == b.cb_fmt;
 }
 
-const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k) {
+const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k, int rows4 = -1) {
   for (const AttnEntry& e : r)
-    if (same(e.key, k)) return &e;
+    if (same(e.key, k) && (rows4 < 0 || e.rows4 == rows4)) return &e;
   return nullptr;
 }
 const AttnEntry* find(const AttnConfigKey& k) { return find_in(registry(), k); }
-const AttnEntry* find_wide(const AttnConfigKey& k) { return find_in(wide_registry(), k); }
+/// The two-blocks form of k's 8-row (rows4 0) or four-row (rows4 1) kernel.
+const AttnEntry* find_wide(const AttnConfigKey& k, int rows4) { return find_in(wide_registry(), k, rows4); }
 const AttnEntry* find_rows4(const AttnConfigKey& k) { return find_in(rows4_registry(), k); }
-const AttnEntry* find_wide_rows4(const AttnConfigKey& k) { return find_in(wide_rows4_registry(), k); }
 
 int device_sms(int dev) {
   static int cache[64] = {};
@@ -355,7 +351,7 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
   // overlap the other's loop (the four-row kernels' own since run 145; the 8-row E4M3 one lost to
   // the one-block four-row kernel, run 78, and keeps the older rule: two waves or more).
   if (p.n_splits == 1 && g_wide_allowed.load()) {
-    if (const AttnEntry* w = e->rows4 ? find_wide_rows4(k) : find_wide(k)) {
+    if (const AttnEntry* w = find_wide(k, e->rows4)) {
       int dev = 0;
       VQ_CUDA_CHECK(cudaGetDevice(&dev));
       const int64_t blocks = gy * p.batch, sms = device_sms(dev);

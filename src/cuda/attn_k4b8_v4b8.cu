@@ -58,23 +58,18 @@ void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
 // 253.9 against 263.2 / 264.1, int8 keys and values 210.8 / 211.5 against 218.2 / 218.1; int8
 // keys at 128 x 8192 / 256 x 4096: 206.0 / 235.6 against 225.3 / 276.8 us. At batch 1 and 8
 // (split grids) the variants lost 5-9% (run 144), so split launches keep the one-block kernel.
-void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
-  auto add = [&](AttnEntry e) {
-    e.wide = 1;
-    out.push_back(e);
-  };
-  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>());
-  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>());
-  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>());
-  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>());
-  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>());  // E4M3
-  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>());
-  add(attn_entry<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>());  // int8 keys and values
-  add(attn_entry<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>());
+template <int D, int CBF>
+AttnEntry wide_rows4() {
+  static_assert(AttnTraits<D, 4, 8, 4, 8, 1, 2, 2, 8, 2, CBF, 1>::kPrmtRel,
+                "the two-blocks four-row kernels lost full codebook replication");
+  AttnEntry e = attn_entry<D, 4, 8, 4, 8, 1, 2, 2, 8, 2, CBF, 1>();
+  e.wide = 1;
+  return e;
 }
-static_assert(AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 0, 1>::kPrmtRel &&
-                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 1, 1>::kPrmtRel &&
-                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 2, 1>::kPrmtRel &&
-                  AttnTraits<128, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>::kPrmtRel && AttnTraits<64, 4, 8, 4, 8, 1, 2, 2, 8, 2, 3, 1>::kPrmtRel,
-              "the two-blocks four-row kernels lost full codebook replication");
+void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
+  for (AttnEntry e : {wide_rows4<128, 0>(), wide_rows4<64, 0>(), wide_rows4<128, 2>(), wide_rows4<64, 2>(),
+                      wide_rows4<128, 1>(), wide_rows4<64, 1>(),    // E4M3
+                      wide_rows4<128, 3>(), wide_rows4<64, 3>()})  // int8 keys and values
+    out.push_back(e);
+}
 }  // namespace veloxquant::cuda

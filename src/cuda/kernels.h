@@ -249,17 +249,17 @@ bool attn_set_rows4(bool allowed);
 /// Four-row kernel launches so far in this process (tests check which path ran).
 long long attn_rows4_launches();
 /// Process-wide switch for the two-blocks-per-multiprocessor kernels (default on): unsplit
-/// launches of two waves of blocks or more take the configuration's two-blocks kernel where one
-/// is built and, for the four-row kernels, attn_wide_pays says so (d4b8: the four-row kernels with F16, I8, E4M3 and I8KV codebooks, and the 8-row
-/// E4M3 kernel). Off, they run the one-block kernel (A/B benchmarks, tests of both). Returns the
-/// previous setting.
+/// launches take the configuration's two-blocks kernel where one is built (d4b8: the four-row
+/// kernels with F16, I8, E4M3 and I8KV codebooks, where attn_wide_pays says so; the 8-row E4M3
+/// kernel at two waves of blocks or more). Off, they run the one-block kernel (A/B benchmarks,
+/// tests of both). Returns the previous setting.
 bool attn_set_wide(bool allowed);
 /// Two-blocks kernel launches so far in this process (tests check which path ran).
 long long attn_wide_launches();
 /// Whether an unsplit grid of `blocks` blocks on `sms` multiprocessors runs faster on a four-row
 /// kernel's two-blocks form than on its one-block form, by a wave model fitted on the H200
-/// (attention.cu): e.g. 512 blocks on 132 SMs yes (64 x 16384: -4%), 264-396 mostly no (the
-/// two-blocks kernel's last round runs single 8-warp blocks), 1024 and 2048 yes (-9%, -15%).
+/// (attention.cu): on 132 SMs 264 blocks yes (-2.6%), 265-396 no (the two-blocks kernel's last
+/// round runs single 8-warp blocks), 512 / 1024 / 2048 yes (-4 / -9 / -15%).
 bool attn_wide_pays(int64_t blocks, int64_t sms);
 /// Process-wide switch for the window-first order (default on, AttnParams::window_first):
 /// off, every launch attends its exact window rows after the coded tokens (A/B benchmarks,
