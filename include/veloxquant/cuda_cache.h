@@ -34,6 +34,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "veloxquant/cache.h"
@@ -42,6 +43,33 @@ namespace veloxquant {
 
 /// True when this build has CUDA and at least one device is visible.
 bool cuda_is_available();
+
+/// What this build runs on a CUDA device for a cache configuration, answered on the host before
+/// anything is allocated, with or without a GPU. KVCacheFactory::create on a CUDA device refuses
+/// (UnsupportedError, the same message as `reason`) exactly the configurations reported with
+/// cache == false; nothing a CUDA cache does falls back to the CPU.
+struct CudaSupport {
+  bool built = false;           ///< this build has the CUDA backend
+  int devices = 0;              ///< CUDA devices visible now (0 without a GPU or driver)
+  bool cache = false;           ///< the cache can be built (config valid, head_dim, specs, kernel)
+  /// fused_sdpa and decode_step have their kernel. Differs from `cache` only for the fp16 cache
+  /// and the standard mode, which attend over fp16 rows through d4b8/d4b8's kernel and are built
+  /// without it (update_and_fetch works; fused_sdpa would raise `reason`).
+  bool attention = false;
+  bool prefill_kernel = false;  ///< q_len > 16 has the prefill kernel (else the decode kernel in row chunks)
+  std::string kernel;           ///< the decode attention configuration, e.g. "d4b12/d8b8@128+i8"
+  std::string reason;           ///< why `cache` or `attention` is false (the error the call raises)
+};
+/// See CudaSupport. The answer is the build's: config.device is ignored, and a device found at
+/// run time to lack something (an sm_90 kernel on an older GPU, a shared-memory layout it cannot
+/// place) still fails there, with a CudaError or UnsupportedError. An invalid config is
+/// reported (reason "invalid configuration: ..."), not thrown.
+CudaSupport cuda_support(const KVCacheConfig& config);
+/// The decode-attention configurations this build compiled, as "d4b8/d4b8@128+i8" (key spec /
+/// value spec @ head_dim + codebook format: none fp16, e4m3, i8, i8kv), sorted; empty without
+/// CUDA. The default build holds d4b8/d4b8 and d4b12/d8b8 at head_dim 64 and 128;
+/// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
+std::vector<std::string> cuda_attention_configs();
 
 /// The extra API of the CUDA caches (both kinds).
 class CudaKVCache : public KVCache {

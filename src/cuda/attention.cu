@@ -16,6 +16,7 @@
 
 #include "cuda/attention_kernel.cuh"
 #include "cuda/kernels.h"
+#include "cuda/support.h"
 
 namespace veloxquant::cuda {
 
@@ -279,16 +280,24 @@ bool attn_wide_pays(int64_t blocks, int64_t sms) {
 long long attn_wide_launches() { return g_wide_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
 
+std::string attn_config_name(const AttnConfigKey& k) {
+  std::ostringstream os;
+  os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
+     << k.head_dim << (k.cb_fmt == 1 ? "+e4m3" : k.cb_fmt == 2 ? "+i8" : k.cb_fmt == 3 ? "+i8kv" : "");
+  return os.str();
+}
+
+std::string attn_not_compiled_message(const AttnConfigKey& k) {
+  std::ostringstream os;
+  os << "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: " << attn_compiled_list()
+     << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)";
+  return os.str();
+}
+
 const char* attn_compiled_list() {
   static const std::string s = [] {
     std::set<std::string> names;
-    for (const AttnEntry& e : registry()) {
-      AttnConfigKey k = e.key;
-      std::ostringstream os;
-      os << "d" << k.key_sub_dim << "b" << k.key_bits << "/d" << k.value_sub_dim << "b" << k.value_bits << "@"
-         << k.head_dim << (k.cb_fmt == 1 ? "+e4m3" : k.cb_fmt == 2 ? "+i8" : k.cb_fmt == 3 ? "+i8kv" : "");
-      names.insert(os.str());
-    }
+    for (const AttnEntry& e : registry()) names.insert(attn_config_name(e.key));
     std::string out;
     for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
     return out;
@@ -303,8 +312,7 @@ int attn_smem_bytes(const AttnConfigKey& k) {
 
 int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
   const AttnEntry* e = find(k);
-  VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
-                                                                   << attn_compiled_list() << ")");
+  VQ_CHECK_T(e, UnsupportedError, attn_not_compiled_message(k));
   // cached per (device, kernel): eager calls plan every time, and the query costs host time
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, int> cache;
@@ -327,9 +335,7 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
 
 void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority) {
   const AttnEntry* e = find(k);
-  VQ_CHECK_T(e, UnsupportedError, "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: "
-                                                                   << attn_compiled_list()
-                                                                   << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)");
+  VQ_CHECK_T(e, UnsupportedError, attn_not_compiled_message(k));
   VQ_CHECK_VALUE(p.n_splits >= 1 && p.n_splits <= 32, "CUDA attention: n_splits must be in 1..32, got " << p.n_splits);
   VQ_CHECK_VALUE(p.n_splits == 1 || (p.ws_o && p.ws_ml && p.counters),
                  "CUDA attention: a split launch needs a workspace (plan first)");

@@ -29,6 +29,7 @@
 #include "cpu/cache_common.h"
 #include "cuda/encode_grid.h"
 #include "cuda/kernels.h"
+#include "cuda/support.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
 #include "veloxquant/fp16_cache.h"
@@ -383,7 +384,17 @@ class CudaCacheBase : public CudaKVCache {
   /// Fills the cache-specific parts of the attention parameters (codes, window, lengths).
   virtual void fill_attn(cuda::AttnParams& p) const = 0;
 
+  /// Raises what cuda_support() reports when this cache has no attention kernel (the fp16 cache
+  /// and the standard mode are built without it; the fused modes are refused at construction).
+  void require_attention_kernel() const {
+    const std::string why =
+        cuda::cache_attention_missing(config_.kind, config_.mode(), config_.head_dim, config_.key_spec(),
+                                      config_.value_spec(), config_.attention_codebooks);
+    VQ_CHECK_T(why.empty(), UnsupportedError, why);
+  }
+
   Plan make_plan(int n_heads, int q_len, int64_t typical_len) const {
+    require_attention_kernel();
     Plan p;
     const int G = n_heads / n_kv_heads_, D = config_.head_dim;
     const int rows = G * q_len;
@@ -438,6 +449,7 @@ class CudaCacheBase : public CudaKVCache {
   /// advances the device lengths. plan: use plan_ (no allocation) or plan per call.
   void run_attention(const TensorView& q, const TensorView& out, const SdpaParams& sp, int n_new, bool advance,
                      bool use_plan, int priority = 0) {
+    require_attention_kernel();
     const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
     const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
     // More than 16 queries of an eager call: the prefill kernel (128 rows a block, the history
@@ -698,8 +710,9 @@ class CudaFP16Cache final : public CudaCacheBase {
   explicit CudaFP16Cache(const KVCacheConfig& c) : CudaCacheBase(c) {
     config_.kind = CacheKind::FP16;
     config_.validate();
-    VQ_CHECK_T(config_.head_dim == 64 || config_.head_dim == 128 || config_.head_dim == 256, UnsupportedError,
-               "CUDA FP16 cache: head_dim " << config_.head_dim << " is not supported (64, 128, 256)");
+    const std::string why = cuda::cache_unsupported(CacheKind::FP16, CacheMode::Standard, config_.head_dim, {}, {},
+                                                    CodebookFormat::F16);
+    VQ_CHECK_T(why.empty(), UnsupportedError, why);
     n_kv_heads_ = config_.n_kv_heads;
   }
 
@@ -1423,26 +1436,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     transform_ = tf;
     random_codebooks_ = random_cb;
     const int D = c.head_dim;
-    VQ_CHECK_T(D == 64 || D == 128 || D == 256, UnsupportedError,
-               "CUDA VecInfer cache: head_dim " << D << " is not supported (64, 128, 256)");
-    VQ_CHECK_T((kp.sub_dim == 4 || kp.sub_dim == 8) && (vp.sub_dim == 4 || vp.sub_dim == 8), UnsupportedError,
-               "CUDA VecInfer cache: sub_dim must be 4 or 8 (keys d" << kp.sub_dim << ", values d" << vp.sub_dim
-                                                                     << ")");
-    VQ_CHECK_T(kp.codebook_bits >= 4 && vp.codebook_bits >= 4, UnsupportedError,
-               "CUDA VecInfer cache: codebooks of fewer than 16 centroids are not supported (keys b"
-                   << kp.codebook_bits << ", values b" << vp.codebook_bits << ")");
-    if (mode_ != CacheMode::Standard) {
-      const cuda::AttnConfigKey k1{D, kp.sub_dim, kp.codebook_bits, vp.sub_dim, vp.codebook_bits, 1,
-                                   static_cast<int>(c.attention_codebooks)};
-      VQ_CHECK_T(cuda::attn_config_compiled(k1), UnsupportedError,
-                 "CUDA VecInfer cache: attention for keys " << kp.spec().str() << ", values " << vp.spec().str()
-                                                            << " at head_dim " << D << " with "
-                                                            << codebook_format_name(c.attention_codebooks)
-                                                            << " codebooks"
-                                                            << " is not compiled in (built: "
-                                                            << cuda::attn_compiled_list()
-                                                            << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)");
-    }
+    const std::string why = cuda::cache_unsupported(CacheKind::VecInfer, mode_, D, kp.spec(), vp.spec(),
+                                                    c.attention_codebooks);  // cuda_support() reports the same
+    VQ_CHECK_T(why.empty(), UnsupportedError, why);
     k_rs_ = round_up(kp.code_bytes, 4);
     v_rs_ = round_up(vp.code_bytes, 4);
     k_cb_ = upload_f32(kp.codebook, {kp.n_centroids, kp.sub_dim}, device_);

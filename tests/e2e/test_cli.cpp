@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -61,7 +62,7 @@ TEST(Cli, Conventions) {
   CliRun v = run("--version");
   EXPECT_EQ(v.status, 0);
   EXPECT_NE(v.out.find("veloxquant "), std::string::npos) << v.out;
-  for (const char* sub : {"calibrate", "inspect", "demo", "bench"}) {
+  for (const char* sub : {"calibrate", "inspect", "demo", "bench", "info"}) {
     CliRun h = run(std::string(sub) + " --help");
     EXPECT_EQ(h.status, 0) << sub;
     EXPECT_NE(h.out.find("Usage"), std::string::npos) << sub << ": " << h.out;
@@ -84,6 +85,36 @@ TEST(Cli, Conventions) {
   CliRun j = run("inspect " + junk);
   EXPECT_EQ(j.status, 1) << j.out;
   EXPECT_NE(j.out.find("veloxquant: error: " + junk), std::string::npos) << j.out;
+}
+
+// `info` answers from cuda_support (tests/unit/test_cuda_support.cpp checks the rule): the JSON
+// carries the build, the compiled list and the verdict; a head_dim no kernel takes is refused
+// with the reason, in the text form too.
+TEST(Cli, InfoReportsWhatRunsOnCuda) {
+  REQUIRE_CLI();
+  CliRun r = run("info --json --keys d4b8 --values d4b8 --head-dim 128");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  const bool built = j["cuda"]["built"].get<bool>();
+  EXPECT_EQ(j["config"]["keys"], "d4b8");
+  EXPECT_EQ(j["config"]["mode"], "memory_bound");
+  EXPECT_EQ(j["cuda_support"]["cache"].get<bool>(), built);
+  EXPECT_EQ(j["cuda_support"]["attention"].get<bool>(), built);
+  if (built) {
+    EXPECT_EQ(j["cuda_support"]["kernel"], "d4b8/d4b8@128+i8");
+    EXPECT_TRUE(j["cuda_support"]["prefill_kernel"].get<bool>());
+    const auto& list = j["cuda"]["attention_configs"];
+    EXPECT_NE(std::find(list.begin(), list.end(), "d4b12/d8b8@128+i8"), list.end()) << list.dump();
+  } else {
+    EXPECT_TRUE(j["cuda"]["attention_configs"].empty());
+  }
+  CliRun t = run("info --cache fp16 --head-dim 96");
+  EXPECT_EQ(t.status, 0) << t.out;
+  EXPECT_NE(t.out.find(built ? "not supported: CUDA FP16 cache: head_dim 96" : "built without CUDA"), std::string::npos)
+      << t.out;
+  CliRun bad = run("info --keys d4x8");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("veloxquant: error: "), std::string::npos) << bad.out;
 }
 
 TEST(Cli, CalibrateInspectRoundTrip) {

@@ -1,0 +1,155 @@
+// cuda_support / cuda_attention_configs (veloxquant/cuda_cache.h): what a CUDA cache of a given
+// configuration would run, answered on the host with no GPU (CI has none). In a CUDA build the
+// answers are checked rule by rule over a grid of head_dims, quantizer specs, modes and codebook
+// formats against the compiled list; tests/cuda checks on a GPU that KVCacheFactory::create and
+// fused_sdpa agree with them (CudaCache.CreateAndAttentionAgreeWithCudaSupport).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "veloxquant/cuda_cache.h"
+
+namespace {
+
+using namespace veloxquant;
+
+KVCacheConfig config(CacheKind kind, int head_dim, PQSpec k, PQSpec v, CacheMode mode, CodebookFormat f) {
+  KVCacheConfig c;
+  c.kind = kind;
+  c.head_dim = head_dim;
+  c.key_sub_dim = k.sub_dim, c.key_codebook_bits = k.codebook_bits;
+  c.value_sub_dim = v.sub_dim, c.value_codebook_bits = v.codebook_bits;
+  c.fused_sdpa = mode != CacheMode::Standard;
+  c.fused_sdpa_memory_bound = mode == CacheMode::MemoryBound;
+  c.attention_codebooks = f;
+  return c;
+}
+
+bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+#if defined(VQ_HAVE_CUDA) && VQ_HAVE_CUDA
+
+std::string name(PQSpec k, PQSpec v, int head_dim, CodebookFormat f) {
+  const char* suffix[] = {"", "+e4m3", "+i8", "+i8kv"};
+  return k.str() + "/" + v.str() + "@" + std::to_string(head_dim) + suffix[static_cast<int>(f)];
+}
+
+TEST(CudaSupport, TheCompiledListHoldsTheDefaultBuildsConfigurations) {
+  const std::vector<std::string> list = cuda_attention_configs();
+  EXPECT_TRUE(std::is_sorted(list.begin(), list.end()));
+  EXPECT_EQ(std::adjacent_find(list.begin(), list.end()), list.end()) << "duplicates";
+  // the default build: d4b8/d4b8 and the defaults d4b12/d8b8, head_dim 64 and 128, every format
+  for (PQSpec k : {PQSpec{4, 8}, PQSpec{4, 12}})
+    for (int D : {64, 128})
+      for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
+        const PQSpec v = k.codebook_bits == 8 ? PQSpec{4, 8} : PQSpec{8, 8};
+        const std::string n = name(k, v, D, f);
+        EXPECT_NE(std::find(list.begin(), list.end(), n), list.end()) << n << " missing from the compiled list";
+      }
+}
+
+// Every answer follows the rule the constructors apply: head_dim 64/128/256, sub_dim 4 or 8 and
+// codebooks of >= 16 centroids for VecInfer, and a compiled attention kernel (the configuration's
+// own in the fused modes, d4b8/d4b8's fp16 one for the fp16 cache and the standard mode, which
+// are built without it). The reason names what is missing.
+TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
+  const std::vector<std::string> list = cuda_attention_configs();
+  auto compiled = [&](const std::string& n) { return std::find(list.begin(), list.end(), n) != list.end(); };
+  const std::vector<std::pair<PQSpec, PQSpec>> specs = {
+      {{4, 8}, {4, 8}},  {{4, 12}, {8, 8}}, {{8, 12}, {8, 12}}, {{4, 10}, {8, 12}},
+      {{8, 8}, {8, 8}},  {{2, 8}, {4, 8}},  {{4, 8}, {16, 8}},  {{4, 3}, {4, 8}}};
+  int cases = 0, runs = 0, refused = 0, no_attention = 0;
+  for (int D : {64, 96, 128, 256})
+    for (const auto& [ks, vs] : specs)
+      for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash, CacheMode::Standard})
+        for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
+          const KVCacheConfig c = config(CacheKind::VecInfer, D, ks, vs, mode, f);
+          SCOPED_TRACE(name(ks, vs, D, f) + " " + cache_mode_name(mode));
+          const CudaSupport s = cuda_support(c);
+          ++cases;
+          EXPECT_TRUE(s.built);
+          EXPECT_GE(s.devices, 0);
+          const bool dims_ok = D == 64 || D == 128 || D == 256;
+          const bool subs_ok = (ks.sub_dim == 4 || ks.sub_dim == 8) && (vs.sub_dim == 4 || vs.sub_dim == 8);
+          const bool bits_ok = ks.codebook_bits >= 4 && vs.codebook_bits >= 4;
+          const bool fused = mode != CacheMode::Standard;
+          const std::string kernel = fused ? name(ks, vs, D, f) : name({4, 8}, {4, 8}, D, CodebookFormat::F16);
+          const bool want_cache = dims_ok && subs_ok && bits_ok && (!fused || compiled(kernel));
+          const bool want_attention = want_cache && compiled(kernel);
+          EXPECT_EQ(s.cache, want_cache) << s.reason;
+          EXPECT_EQ(s.attention, want_attention) << s.reason;
+          EXPECT_EQ(s.reason.empty(), want_attention) << s.reason;
+          if (!s.attention) EXPECT_FALSE(s.prefill_kernel);
+          if (s.cache) EXPECT_EQ(s.kernel, kernel);
+          else EXPECT_TRUE(s.kernel.empty());
+          if (!dims_ok) EXPECT_TRUE(has(s.reason, "head_dim " + std::to_string(D))) << s.reason;
+          else if (!subs_ok) EXPECT_TRUE(has(s.reason, "sub_dim must be 4 or 8")) << s.reason;
+          else if (!bits_ok) EXPECT_TRUE(has(s.reason, "fewer than 16 centroids")) << s.reason;
+          else if (!want_attention) {
+            EXPECT_TRUE(has(s.reason, "not compiled in")) << s.reason;
+            EXPECT_TRUE(has(s.reason, "-DVQ_CUDA_ALL_CONFIGS=ON")) << s.reason;
+          }
+          runs += s.attention, refused += !s.cache, no_attention += s.cache && !s.attention;
+        }
+  // the grid reaches every branch: runs, refusals, and standard-mode caches without a kernel
+  // where head_dim 256 is not compiled (the default build)
+  EXPECT_GT(runs, 0);
+  EXPECT_GT(refused, 0);
+  if (!compiled("d4b8/d4b8@256")) EXPECT_GT(no_attention, 0);
+  std::printf("cuda_support grid: %d cases, %d run, %d refused, %d built without attention\n", cases, runs, refused,
+              no_attention);
+}
+
+TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
+  // the fp16 cache: any head_dim the kernels take; its attention is d4b8/d4b8's fp16 path
+  const CudaSupport f128 = cuda_support(config(CacheKind::FP16, 128, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+  EXPECT_TRUE(f128.cache && f128.attention) << f128.reason;
+  EXPECT_EQ(f128.kernel, "d4b8/d4b8@128");
+  EXPECT_TRUE(f128.prefill_kernel);
+  const CudaSupport f96 = cuda_support(config(CacheKind::FP16, 96, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+  EXPECT_FALSE(f96.cache);
+  EXPECT_EQ(f96.reason, "CUDA FP16 cache: head_dim 96 is not supported (64, 128, 256)");
+  // head_dim 256: the cache builds; its fused_sdpa needs d4b8/d4b8@256 (VQ_CUDA_ALL_CONFIGS builds)
+  const CudaSupport f256 = cuda_support(config(CacheKind::FP16, 256, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+  const std::vector<std::string> list = cuda_attention_configs();
+  const bool has256 = std::find(list.begin(), list.end(), "d4b8/d4b8@256") != list.end();
+  EXPECT_TRUE(f256.cache);
+  EXPECT_EQ(f256.attention, has256);
+  if (!has256)
+    EXPECT_EQ(f256.reason.rfind("CUDA FP16 cache: fused_sdpa at head_dim 256 needs the exact-row attention kernel "
+                                "d4b8/d4b8@256, which is not compiled in (update_and_fetch works)",
+                                0),
+              0u)
+        << f256.reason;
+  // the paper's defaults as a memory-bound cache with int8 keys (the CUDA default): prefill kernel too
+  KVCacheConfig d;
+  d.fused_sdpa = d.fused_sdpa_memory_bound = true;
+  const CudaSupport sd = cuda_support(d);
+  EXPECT_TRUE(sd.cache && sd.attention) << sd.reason;
+  EXPECT_EQ(sd.kernel, "d4b12/d8b8@128+i8");
+  EXPECT_TRUE(sd.prefill_kernel);
+  // a config KVCacheConfig::validate rejects is reported, not thrown
+  KVCacheConfig bad = d;
+  bad.head_dim = 130;  // not a multiple of the key sub_dim 4
+  CudaSupport sb;
+  EXPECT_NO_THROW(sb = cuda_support(bad));
+  EXPECT_FALSE(sb.cache || sb.attention);
+  EXPECT_TRUE(has(sb.reason, "invalid configuration")) << sb.reason;
+}
+
+#else  // a build without CUDA answers no, for everything
+
+TEST(CudaSupport, ABuildWithoutCudaSaysSo) {
+  EXPECT_FALSE(cuda_is_available());
+  EXPECT_TRUE(cuda_attention_configs().empty());
+  const CudaSupport s = cuda_support(KVCacheConfig{});
+  EXPECT_FALSE(s.built || s.cache || s.attention || s.prefill_kernel);
+  EXPECT_EQ(s.devices, 0);
+  EXPECT_TRUE(has(s.reason, "built without CUDA")) << s.reason;
+}
+
+#endif
+
+}  // namespace
