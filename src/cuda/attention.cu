@@ -294,12 +294,19 @@ std::string attn_not_compiled_message(const AttnConfigKey& k) {
   return os.str();
 }
 
-const char* attn_compiled_list() {
-  static const std::string s = [] {
+const std::vector<std::string>& attn_compiled_names() {
+  static const std::vector<std::string> v = [] {
     std::set<std::string> names;
     for (const AttnEntry& e : registry()) names.insert(attn_config_name(e.key));
+    return std::vector<std::string>(names.begin(), names.end());
+  }();
+  return v;
+}
+
+const char* attn_compiled_list() {
+  static const std::string s = [] {
     std::string out;
-    for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+    for (const auto& n : attn_compiled_names()) out += (out.empty() ? "" : ", ") + n;
     return out;
   }();
   return s.c_str();

@@ -386,12 +386,8 @@ class CudaCacheBase : public CudaKVCache {
 
   /// Raises what cuda_support() reports when this cache has no attention kernel (the fp16 cache
   /// and the standard mode are built without it; the fused modes are refused at construction).
-  void require_attention_kernel() const {
-    const std::string why =
-        cuda::cache_attention_missing(config_.kind, config_.mode(), config_.head_dim, config_.key_spec(),
-                                      config_.value_spec(), config_.attention_codebooks);
-    VQ_CHECK_T(why.empty(), UnsupportedError, why);
-  }
+  /// The answer depends on the configuration alone: the constructors store it in no_attention_.
+  void require_attention_kernel() const { VQ_CHECK_T(no_attention_.empty(), UnsupportedError, no_attention_); }
 
   Plan make_plan(int n_heads, int q_len, int64_t typical_len) const {
     require_attention_kernel();
@@ -662,6 +658,7 @@ class CudaCacheBase : public CudaKVCache {
   KVCacheConfig config_;
   Plan plan_;
   int n_sms_ = 1;
+  std::string no_attention_;  // why this cache has no attention kernel (cuda::cache_attention_missing), else empty
   std::vector<int64_t> rch_;  // host mirror of res_count
   Tensor len_, rc_, err_, chk_, done_, counters_, ws_o_, ws_ml_;
   // deferred input checks: mapped host copies of chk_'s words (null: read chk_ back), the
@@ -713,6 +710,8 @@ class CudaFP16Cache final : public CudaCacheBase {
     const std::string why = cuda::cache_unsupported(CacheKind::FP16, CacheMode::Standard, config_.head_dim, {}, {},
                                                     CodebookFormat::F16);
     VQ_CHECK_T(why.empty(), UnsupportedError, why);
+    no_attention_ = cuda::cache_attention_missing(CacheKind::FP16, CacheMode::Standard, config_.head_dim, {}, {},
+                                                  CodebookFormat::F16);
     n_kv_heads_ = config_.n_kv_heads;
   }
 
@@ -1439,6 +1438,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     const std::string why = cuda::cache_unsupported(CacheKind::VecInfer, mode_, D, kp.spec(), vp.spec(),
                                                     c.attention_codebooks);  // cuda_support() reports the same
     VQ_CHECK_T(why.empty(), UnsupportedError, why);
+    no_attention_ = cuda::cache_attention_missing(CacheKind::VecInfer, mode_, D, kp.spec(), vp.spec(),
+                                                  c.attention_codebooks);
     k_rs_ = round_up(kp.code_bytes, 4);
     v_rs_ = round_up(vp.code_bytes, 4);
     k_cb_ = upload_f32(kp.codebook, {kp.n_centroids, kp.sub_dim}, device_);

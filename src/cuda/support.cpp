@@ -100,16 +100,6 @@ CudaSupport cuda_support(const KVCacheConfig& config) {
   return s;
 }
 
-std::vector<std::string> cuda_attention_configs() {
-  std::vector<std::string> out;
-  const std::string list = cuda::attn_compiled_list();
-  for (size_t i = 0; i < list.size();) {
-    size_t j = list.find(", ", i);
-    if (j == std::string::npos) j = list.size();
-    out.push_back(list.substr(i, j - i));
-    i = j + 2;
-  }
-  return out;
-}
+std::vector<std::string> cuda_attention_configs() { return cuda::attn_compiled_names(); }
 
 }  // namespace veloxquant

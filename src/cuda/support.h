@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "cuda/kernels.h"
 #include "veloxquant/cache.h"
@@ -13,6 +14,9 @@ namespace veloxquant::cuda {
 /// A configuration's name in attn_compiled_list's form, "d4b12/d8b8@128+i8" (n_tiles left out).
 /// Defined in attention.cu, beside the registry.
 std::string attn_config_name(const AttnConfigKey& k);
+/// The compiled configurations' names, sorted (attn_compiled_list joins them). Defined in
+/// attention.cu.
+const std::vector<std::string>& attn_compiled_names();
 /// The UnsupportedError message for a configuration this build does not hold (planning and
 /// launches raise it; cuda_support reports it). Defined in attention.cu.
 std::string attn_not_compiled_message(const AttnConfigKey& k);
