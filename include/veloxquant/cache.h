@@ -98,7 +98,9 @@ struct KVCacheConfig {
   /// per codebook, each entry within half a step of where it was), on every device, so that the
   /// CUDA kernels' int8 key scoring (CodebookFormat::I8, the default) reads exactly the centroids
   /// the CPU cache encodes and decodes with. false keeps the codebook as given (the CUDA int8
-  /// formats then round it per call, as before 2026-12-03). Recorded in meta_state.
+  /// formats then round it per call, as before 2026-12-03). On the CPU it makes the 10- and
+  /// 12-bit key scores gather int8 rows (ProductQuantizer::codebook_i8; a d4b12 codebook in
+  /// 16 KiB instead of 64). Recorded in meta_state.
   bool int8_key_grid = true;
   /// CUDA VecInfer caches: the codebooks fused_sdpa reads (see CodebookFormat).
   CodebookFormat attention_codebooks = CodebookFormat::I8;

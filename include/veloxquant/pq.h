@@ -57,6 +57,13 @@ struct ProductQuantizer {
   int64_t code_bytes = 0; ///< bytes per packed vector (derived)
   std::vector<float> codebook;  ///< [n_centroids, sub_dim]
   std::vector<float> centroid_norms;  ///< [n_centroids] ||c||², derived from the codebook
+  /// The codebook as int8 steps, codebook[i] == codebook_i8[i]·codebook_i8_scale exactly, when
+  /// it lies on its int8 grid (make_i8_codebook(codebook).decoded == codebook, as
+  /// snap_to_int8_grid leaves it: the caches' key codebooks by default); empty otherwise.
+  /// Derived by set_codebook, like centroid_norms. The CPU attention's dequantizing key scores
+  /// gather these rows, 4x smaller than the floats (a d4b12 codebook: 16 KiB, L1-resident).
+  std::vector<int8_t> codebook_i8;
+  float codebook_i8_scale = 0.0f;
 
   ProductQuantizer() = default;
   /// Validates head_dim % sub_dim == 0, bits in 1..16, sub_dim in 1..16 (ValueError naming

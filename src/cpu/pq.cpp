@@ -90,6 +90,15 @@ void ProductQuantizer::set_codebook(std::vector<float> cb) {
   }
   codebook = std::move(cb);
   centroid_norms = std::move(norms);
+  // the int8 form, only when it is exact (every entry byte·scale, bit for bit)
+  I8Codebook i8 = make_i8_codebook(codebook);
+  if (i8.decoded == codebook) {
+    codebook_i8 = std::move(i8.bytes);
+    codebook_i8_scale = i8.scale;
+  } else {
+    codebook_i8.clear();
+    codebook_i8_scale = 0.0f;
+  }
 }
 
 void ProductQuantizer::set_random_codebook(uint64_t seed, float stddev) {

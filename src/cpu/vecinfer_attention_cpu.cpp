@@ -6,20 +6,23 @@
 // rows, token chunk) units, each a two-pass partial softmax, merged by log-sum-exp.
 //
 // Keys (coded chunk). With q̃_r = (q_r ⊙ λ)·H·scale for the 4 rows of the block:
-//   LUT path (codebook_bits <= 10, chunk >= n_centroids/2 tokens, to pay for the table):
+//   LUT path (codebook_bits <= 9, chunk >= n_centroids/2 tokens, to pay for the table):
 //     LUT4[m][c][r] = q̃_r[m·d:(m+1)·d] · C_k[c]   ([n_sub, n_centroids, 4] f32)
 //     score[t][r]  = Σ_m LUT4[m][code_{t,m}][r]   — one 16-byte load serves all 4 rows.
 //   The table (128 KiB for d4b8) exceeds L1, so the m loop is blocked: MB sub-vectors whose
 //   slices fit 32 KiB are done for 512 tokens before the next MB (scores accumulate in place).
 //   Dequant path (otherwise, e.g. the default 12-bit keys, whose LUT would be 2 MiB): each
-//   16-float slice of K̃_t is assembled in a register from 4 (d4) or 2 (d8) codebook rows —
-//   the 64 KiB codebook stays cached — and dotted with the 4 rows (AVX-512; scalar elsewhere).
-//   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute).
+//   16-float slice of K̃_t is assembled in a register from 4 (d4) or 2 (d8) codebook rows and
+//   dotted with the 4 rows, two tokens at a time (AVX-512; scalar elsewhere). A key codebook
+//   on its int8 grid (the caches' default) is read as int8 rows (ProductQuantizer::codebook_i8,
+//   16 KiB for d4b12 instead of 64: it stays in L1) against q̃·scale.
+//   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute); a
+//   block of contiguous unpadded rows is unpacked as one stream (full-width loads).
 // Values (coded chunk), after the chunk's scores became p = exp(s − max):
-//   histogram path (codebook_bits <= 12, chunk long enough): T4[m][c][r] += p[t][r] for
+//   histogram path (codebook_bits <= 8, chunk long enough): T4[m][c][r] += p[t][r] for
 //     c = code_{t,m} (one 16-byte read-modify-write per token and sub-vector, blocked like the
 //     LUT), then o[r][m·d + e] = Σ_c T4[m][c][r]·C_v[c][e].
-//   Dequant path: o[r] += p[t][r]·V̂_t.
+//   Dequant path (otherwise): o[r] += p[t][r]·V̂_t, 64 dims x 4 rows in registers (AVX-512).
 // Window piece: dense_partial over the exact rows with the untransformed q (scale·q·K̂).
 //
 // The LUT build and histogram reduction use a codebook re-laid out as CX[e][c][4] (C[c][e]
@@ -46,8 +49,12 @@ constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 constexpr int64_t kTokenBlock = 1024;    // tokens per inner block (codes + scores stay in L1/L2)
 constexpr int64_t kMinChunk = 2048;      // smallest coded chunk worth its own unit
 constexpr int64_t kTargetUnits = 16;     // split coded spans until about this many units exist
-constexpr int kMaxLutBits = 10;          // key LUT up to 1024 centroids (512 KiB at d4); larger: dequant
-constexpr int kMaxTableBits = 12;        // value histogram up to 4096 centroids (blocked by m)
+// Table paths only where they beat dequantizing (measured with `veloxquant bench`, 2 cores,
+// 8192 to 131072 tokens): the key LUT up to 512 centroids (d4b10 keys: the int8 dequant kernel
+// was 5-12% faster than a 512 KiB LUT), the value histogram up to 256 (d8b12 values: dequant
+// 1.2-2.1x faster than a 1 MiB histogram, whose zeroing and reduction cost more than the tokens).
+constexpr int kMaxLutBits = 9;
+constexpr int kMaxTableBits = 8;
 constexpr size_t kL1Slice = 32 * 1024;   // bytes of table slice per m block
 
 // ---- 4-lane float vector: SSE where present, plain floats elsewhere ----------------------------
@@ -326,26 +333,88 @@ void dequant_scores(const I* idx, int64_t istride, int64_t n, const ProductQuant
 // S4[t][r] = qt[r] · decode(codes_t) for sub_dim 4 or 8 and head_dim % 16 == 0: each 16-float
 // slice of K̃_t is assembled from 4 (or 2) codebook rows straight into a register, then one
 // FMA per query row; the 4 row sums are reduced together. Used for codebooks too large for a
-// per-query table (12-bit keys: the 64 KiB codebook stays in L1/L2, a 2 MiB LUT would not).
-template <int DSUB, typename I>
-void dequant_scores_512(const I* idx, int64_t istride, int64_t n, const float* cb, const float* qt, int64_t D,
-                        float* S4) {
-  for (int64_t t = 0; t < n; ++t) {
+// per-query table (12-bit keys: a 2 MiB LUT would not stay cached, the codebook does).
+// Tokens go in pairs: each of the 4 query slices loaded serves both tokens' FMAs, which cuts
+// the loads per token by a third (the loop is bound by loads and the inserts' shuffle port).
+//
+// Two codebook forms, one loop (scores_pairs_512 takes the slice loader):
+//   F32Slices: float rows (16 / 32 bytes a centroid: a d4b12 codebook is 64 KiB, past L1);
+//   I8Slices:  int8 rows (ProductQuantizer::codebook_i8, 4 / 8 bytes a centroid: 16 KiB for
+//              d4b12), widened in a register; the caller passes qt·codebook_i8_scale, so
+//              Σ qt·(byte·scale) becomes Σ (qt·scale)·byte — the same centroids (the codebook
+//              is byte·scale exactly); only the products' rounding differs.
+template <int DSUB>
+struct F32Slices {
+  const float* cb;
+  template <typename I>
+  __m512 operator()(const I* c, int64_t d) const {
+    if constexpr (DSUB == 4) {
+      const int64_t m = d / 4;
+      __m512 kv = _mm512_castps128_ps512(_mm_loadu_ps(cb + size_t(c[m]) * 4));
+      kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 1]) * 4), 1);
+      kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 2]) * 4), 2);
+      return _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 3]) * 4), 3);
+    } else {
+      const int64_t m = d / 8;
+      const __m512 kv = _mm512_castps256_ps512(_mm256_loadu_ps(cb + size_t(c[m]) * 8));
+      return _mm512_insertf32x8(kv, _mm256_loadu_ps(cb + size_t(c[m + 1]) * 8), 1);
+    }
+  }
+};
+
+template <int DSUB>
+struct I8Slices {
+  const int8_t* cb;
+  template <typename I>
+  __m512 operator()(const I* c, int64_t d) const {
+    __m128i x;
+    if constexpr (DSUB == 4) {
+      const int64_t m = d / 4;
+      int32_t w[4];
+      for (int j = 0; j < 4; ++j) std::memcpy(&w[j], cb + size_t(c[m + j]) * 4, 4);
+      x = _mm_setr_epi32(w[0], w[1], w[2], w[3]);
+    } else {
+      const int64_t m = d / 8;
+      long long w[2];
+      std::memcpy(&w[0], cb + size_t(c[m]) * 8, 8);
+      std::memcpy(&w[1], cb + size_t(c[m + 1]) * 8, 8);
+      x = _mm_set_epi64x(w[1], w[0]);
+    }
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+  }
+};
+
+template <typename Slices, typename I>
+void scores_pairs_512(const Slices& slice, const I* idx, int64_t istride, int64_t n, const float* qt, int64_t D,
+                      float* S4) {
+  int64_t t = 0;
+  for (; t + 2 <= n; t += 2) {
+    const I* c0 = idx + t * istride;
+    const I* c1 = c0 + istride;
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 k0 = slice(c0, d), k1 = slice(c1, d);
+      __m512 q = _mm512_loadu_ps(qt + d);
+      a0 = _mm512_fmadd_ps(q, k0, a0);
+      b0 = _mm512_fmadd_ps(q, k1, b0);
+      q = _mm512_loadu_ps(qt + D + d);
+      a1 = _mm512_fmadd_ps(q, k0, a1);
+      b1 = _mm512_fmadd_ps(q, k1, b1);
+      q = _mm512_loadu_ps(qt + 2 * D + d);
+      a2 = _mm512_fmadd_ps(q, k0, a2);
+      b2 = _mm512_fmadd_ps(q, k1, b2);
+      q = _mm512_loadu_ps(qt + 3 * D + d);
+      a3 = _mm512_fmadd_ps(q, k0, a3);
+      b3 = _mm512_fmadd_ps(q, k1, b3);
+    }
+    _mm_storeu_ps(S4 + 4 * t, hsum4_512(a0, a1, a2, a3));
+    _mm_storeu_ps(S4 + 4 * t + 4, hsum4_512(b0, b1, b2, b3));
+  }
+  if (t < n) {  // the odd last token
     const I* c = idx + t * istride;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t d = 0; d < D; d += 16) {
-      __m512 kv;
-      if constexpr (DSUB == 4) {
-        const int64_t m = d / 4;
-        kv = _mm512_castps128_ps512(_mm_loadu_ps(cb + size_t(c[m]) * 4));
-        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 1]) * 4), 1);
-        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 2]) * 4), 2);
-        kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 3]) * 4), 3);
-      } else {
-        const int64_t m = d / 8;
-        kv = _mm512_castps256_ps512(_mm256_loadu_ps(cb + size_t(c[m]) * 8));
-        kv = _mm512_insertf32x8(kv, _mm256_loadu_ps(cb + size_t(c[m + 1]) * 8), 1);
-      }
+      const __m512 kv = slice(c, d);
       a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d), kv, a0);
       a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + D + d), kv, a1);
       a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + 2 * D + d), kv, a2);
@@ -356,14 +425,22 @@ void dequant_scores_512(const I* idx, int64_t istride, int64_t n, const float* c
 }
 #endif
 
-// Dequant scores, dispatched to the register-assembling kernel where it applies.
+// Dequant scores, dispatched to the register-assembling kernels where they apply. qt_i8 is qt
+// multiplied by pq.codebook_i8_scale (null when the codebook has no int8 form).
 template <typename I>
 void dequant_scores_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* qt,
-                        int64_t D, float* row, float* S4) {
+                        const float* qt_i8, int64_t D, float* row, float* S4) {
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-  if (D % 16 == 0 && pq.sub_dim == 4) return dequant_scores_512<4>(idx, istride, n, pq.codebook.data(), qt, D, S4);
-  if (D % 16 == 0 && pq.sub_dim == 8) return dequant_scores_512<8>(idx, istride, n, pq.codebook.data(), qt, D, S4);
+  if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
+    if (qt_i8 && !pq.codebook_i8.empty()) {
+      if (pq.sub_dim == 4) return scores_pairs_512(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, qt_i8, D, S4);
+      return scores_pairs_512(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, qt_i8, D, S4);
+    }
+    if (pq.sub_dim == 4) return scores_pairs_512(F32Slices<4>{pq.codebook.data()}, idx, istride, n, qt, D, S4);
+    return scores_pairs_512(F32Slices<8>{pq.codebook.data()}, idx, istride, n, qt, D, S4);
+  }
 #endif
+  (void)qt_i8;
   dequant_scores(idx, istride, n, pq, qt, D, row, S4);
 }
 
@@ -380,6 +457,68 @@ void dequant_values(const I* idx, int64_t istride, int64_t n, const ProductQuant
       for (int64_t dd = 0; dd < D; ++dd) orow[dd] += pr * row[dd];
     }
   }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+// o[r] += Σ_t P4[t][r]·V̂_t for sub_dim 4 or 8 and head_dim % 16 == 0, with the slice loaders
+// of the key kernel: dims in groups of up to 64 (16 accumulators: 4 rows x 4 slices stay in
+// registers over every token of the block), each 16-float slice of V̂_t assembled once per
+// group and multiplied by the 4 rows' broadcast weights. `scale` multiplies the group's sums
+// as they are added to o (codebook_i8_scale for int8 rows, 1 for floats). Tokens whose 4
+// weights are all zero (masked) are skipped, as in dequant_values.
+template <typename Slices, typename I>
+void values_512(const Slices& slice, const I* idx, int64_t istride, int64_t n, const float* P4, int64_t D,
+                float scale, float* o) {
+  for (int64_t g0 = 0; g0 < D; g0 += 64) {
+    const int ns = int(std::min<int64_t>(4, (D - g0) / 16));
+    __m512 acc[4][4];
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* p = P4 + 4 * t;
+      if (p[0] == 0.0f && p[1] == 0.0f && p[2] == 0.0f && p[3] == 0.0f) continue;
+      const I* c = idx + t * istride;
+      const __m512 p0 = _mm512_set1_ps(p[0]), p1 = _mm512_set1_ps(p[1]), p2 = _mm512_set1_ps(p[2]),
+                   p3 = _mm512_set1_ps(p[3]);
+      auto step = [&](int j) {
+        const __m512 kv = slice(c, g0 + 16 * j);
+        acc[0][j] = _mm512_fmadd_ps(p0, kv, acc[0][j]);
+        acc[1][j] = _mm512_fmadd_ps(p1, kv, acc[1][j]);
+        acc[2][j] = _mm512_fmadd_ps(p2, kv, acc[2][j]);
+        acc[3][j] = _mm512_fmadd_ps(p3, kv, acc[3][j]);
+      };
+      if (ns == 4) {  // the common case, unrolled so the accumulators stay in registers
+        step(0), step(1), step(2), step(3);
+      } else {
+        for (int j = 0; j < ns; ++j) step(j);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int r = 0; r < 4; ++r)
+      for (int j = 0; j < ns; ++j) {
+        float* dst = o + r * D + g0 + 16 * j;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(acc[r][j], sv, _mm512_loadu_ps(dst)));
+      }
+  }
+}
+#endif
+
+// Dequant values, dispatched like dequant_scores_any.
+template <typename I>
+void dequant_values_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* P4,
+                        int64_t D, float* row, float* o) {
+#if defined(__AVX512F__) && defined(__AVX512DQ__)
+  if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
+    if (!pq.codebook_i8.empty()) {
+      const float s = pq.codebook_i8_scale;
+      if (pq.sub_dim == 4) return values_512(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, P4, D, s, o);
+      return values_512(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, P4, D, s, o);
+    }
+    if (pq.sub_dim == 4) return values_512(F32Slices<4>{pq.codebook.data()}, idx, istride, n, P4, D, 1.0f, o);
+    return values_512(F32Slices<8>{pq.codebook.data()}, idx, istride, n, P4, D, 1.0f, o);
+  }
+#endif
+  dequant_values(idx, istride, n, pq, P4, D, row, o);
 }
 
 // CX[e][c][4] = C[c][e]
@@ -461,6 +600,26 @@ inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, cons
   }
 }
 
+// Unpacks n_codes codes of `bits` bits packed LSB-first from p (n_bytes bytes in all): as
+// unpack_row, but every 16-code group (2·bits bytes, starting on a byte) is read with one
+// full 64-byte load while 64 bytes remain, masked only for the last groups. Out: n_codes entries.
+inline void unpack_stream(const uint8_t* p, int64_t n_codes, int64_t n_bytes, const UnpackPlan& plan, uint16_t* out) {
+  int64_t i = 0;
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+  const int64_t gb = 2 * plan.bits;  // bytes per 16 codes
+  for (; i + 16 <= n_codes; i += 16) {
+    const int64_t byte0 = i / 16 * gb;
+    const int64_t avail = n_bytes - byte0;
+    const __m512i bytes = avail >= 64 ? _mm512_loadu_si512(p + byte0)
+                                      : _mm512_maskz_loadu_epi8(__mmask64((uint64_t(1) << avail) - 1), p + byte0);
+    const __m512i w = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift),
+                                       plan.mask);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(w));
+  }
+#endif
+  for (; i < n_codes; ++i) out[i] = uint16_t(read_code(p, i, plan.bits));
+}
+
 CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t b, int64_t kh, int64_t t, int64_t n,
                    std::vector<uint16_t>& buf) {
   const uint8_t* base = static_cast<const uint8_t*>(codes.data) + b * codes.strides[0] + kh * codes.strides[1];
@@ -475,10 +634,15 @@ CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t 
     for (int64_t i = 0; i < n; ++i)
       for (int m = 0; m < pq.n_sub; ++m) buf[size_t(i * pq.n_sub + m)] = base[(t + i) * codes.strides[2] + m];
   } else {
-    buf.resize(size_t(n * pq.n_sub));
+    buf.resize(size_t(n * pq.n_sub) + 16);
     const UnpackPlan plan(pq.codebook_bits);
-    for (int64_t i = 0; i < n; ++i)
-      unpack_row(base + (t + i) * codes.strides[2], pq.n_sub, pq.code_bytes, plan, buf.data() + i * pq.n_sub);
+    if (codes.strides[2] == pq.code_bytes && int64_t(pq.n_sub) * pq.codebook_bits % 8 == 0) {
+      // contiguous rows without padding bits: one stream of n·n_sub codes
+      unpack_stream(base + t * pq.code_bytes, n * pq.n_sub, n * pq.code_bytes, plan, buf.data());
+    } else {
+      for (int64_t i = 0; i < n; ++i)
+        unpack_row(base + (t + i) * codes.strides[2], pq.n_sub, pq.code_bytes, plan, buf.data() + i * pq.n_sub);
+    }
   }
   r.wide = buf.data();
   r.stride = pq.n_sub;
@@ -510,6 +674,14 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
     build_lut(cx.kcx.data(), kp.sub_dim, kp.n_sub, kp.n_centroids, rb.qt, D, lut);
     std::fill(S4, S4 + 4 * n, 0.0f);
   }
+  // The int8 codebook form's query: qt·scale (dequant path only).
+  const float* qt_i8 = nullptr;
+  if (!use_lut && !kp.codebook_i8.empty()) {
+    float* qs = scratch.tmp.get(size_t(5 * D)) + D;
+    for (int64_t x = 0; x < 4 * D; ++x) qs[x] = rb.qt[x] * kp.codebook_i8_scale;
+    qt_i8 = qs;
+    row = qs - D;
+  }
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int64_t nb = std::min(kTokenBlock, n - t);
     const CodeRows cr = code_rows(in.key_codes, kp, b, kh, a + t, nb, scratch.idx);
@@ -517,8 +689,8 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
       if (cr.bytes) lut_scores(cx.key_mb, cr.bytes, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
       else lut_scores(cx.key_mb, cr.wide, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
     } else {
-      if (cr.bytes) dequant_scores_any(cr.bytes, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
-      else dequant_scores_any(cr.wide, cr.stride, nb, kp, rb.qt, D, row, S4 + 4 * t);
+      if (cr.bytes) dequant_scores_any(cr.bytes, cr.stride, nb, kp, rb.qt, qt_i8, D, row, S4 + 4 * t);
+      else dequant_scores_any(cr.wide, cr.stride, nb, kp, rb.qt, qt_i8, D, row, S4 + 4 * t);
     }
   }
   if (!softmax_chunk(S4, a, n, rb, out)) return;
@@ -537,8 +709,8 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
       if (cr.bytes) hist_add(cx.value_mb, cr.bytes, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
       else hist_add(cx.value_mb, cr.wide, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
     } else {
-      if (cr.bytes) dequant_values(cr.bytes, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
-      else dequant_values(cr.wide, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
+      if (cr.bytes) dequant_values_any(cr.bytes, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
+      else dequant_values_any(cr.wide, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
     }
   }
   if (use_hist) reduce_hist(cx.vcx.data(), vp.sub_dim, vp.n_sub, vp.n_centroids, T4, D, out.o);

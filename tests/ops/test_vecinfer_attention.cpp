@@ -3,9 +3,11 @@
 //
 // Random codebooks, random λ (smooth) with the Hadamard rotation, random codes (every byte
 // pattern is a valid packed code row), a random ring window. Covers the LUT and dequant key
-// paths (codebook_bits <= 10 vs 12, short vs long chunks), the histogram and dequant value
-// paths, bits that are not a whole byte (4, 10, 12), GQA 1/3/4/8, causal prefill, sliding
-// windows, windows that wrap around the ring, and permuted query layouts.
+// paths (codebook_bits <= 9 vs 10 and 12, short vs long chunks), the histogram and dequant value
+// paths (<= 8 bits vs more), float and int8-grid codebooks (ProductQuantizer::codebook_i8),
+// bits that are not a whole byte (4, 5, 6, 10, 12), rows with padding bits, head_dim 64 to 256,
+// odd and even token counts (the key kernel takes tokens in pairs), GQA 1/3/4/5/8, causal
+// prefill, sliding windows, windows that wrap around the ring, and permuted query layouts.
 // Tolerance tier: bounded, as tests/ops/test_attention.cpp (vq_test::attention_tolerance).
 #include <gtest/gtest.h>
 
@@ -27,13 +29,14 @@ struct VCase {
   int64_t window;
   DType qt, wt, ot;
   bool permuted;
+  bool int8_grid = false;  ///< both codebooks snapped to their int8 grid (the caches' keys by default)
   std::string str() const {
     std::ostringstream o;
     o << "batch=" << batch << " n_kv_heads=" << n_kv_heads << " group=" << group << " q_len=" << q_len
       << " n_coded=" << n_coded << " n_window=" << n_window << " n_slots=" << n_slots << " first_slot=" << first_slot
       << " head_dim=" << head_dim << " keys=" << kspec.str() << " values=" << vspec.str() << " causal=" << causal
       << " sliding_window=" << window << " q=" << dt_name(qt) << " window=" << dt_name(wt) << " out=" << dt_name(ot)
-      << " permuted=" << permuted;
+      << " permuted=" << permuted << " int8_grid=" << int8_grid;
     return o.str();
   }
 };
@@ -51,6 +54,12 @@ void build(const VCase& c, std::mt19937_64& rng, Built& b) {
   b.kp.set_random_codebook(rng(), 0.5f);
   b.vp = ProductQuantizer(int(c.head_dim), c.vspec);
   b.vp.set_random_codebook(rng());
+  if (c.int8_grid) {
+    b.kp.set_codebook(snap_to_int8_grid(b.kp.codebook));
+    b.vp.set_codebook(snap_to_int8_grid(b.vp.codebook));
+    EXPECT_FALSE(b.kp.codebook_i8.empty());
+    EXPECT_FALSE(b.vp.codebook_i8.empty());
+  }
   std::uniform_real_distribution<float> ud(0.3f, 3.0f);
   std::vector<float> lam(size_t(c.n_kv_heads * c.head_dim));
   for (auto& x : lam) x = ud(rng);
@@ -156,6 +165,45 @@ TEST(VecInferAttentionCpu, LongContextLutAndHistogramPaths) {
             2, &pool);
   run_vcase({1, 1, 8, 2, 6000, 64, 64, 0, 64, {4, 10}, {8, 10}, true, 2500, DType::BF16, DType::BF16, DType::F32, true},
             3, &pool);
+}
+
+// Codebooks on their int8 grid: keys and values are read as int8 rows (scores against q̃·scale,
+// value sums scaled once), in token pairs with an odd last token, 16-dim slices grouped by 4
+// with a partial last group (head_dim 80, 96), a head_dim that is no multiple of 16 (72: the
+// scalar path) whose 10-bit rows carry padding bits (the per-row unpack), and contiguous rows
+// unpacked as one stream.
+TEST(VecInferAttentionCpu, Int8GridCodebooksOnTheDequantPaths) {
+  ThreadPool pool(2);
+  std::mt19937_64 pick(77);
+  const PQSpec kspecs[] = {{4, 12}, {8, 12}, {4, 10}, {8, 10}};
+  const PQSpec vspecs[] = {{8, 12}, {4, 10}, {8, 8}, {4, 12}};
+  const int64_t hds[] = {64, 72, 80, 96, 128, 256};
+  const int64_t ncs[] = {1, 2, 3, 96, 97, 2601};
+  for (int i = 0; i < 48; ++i) {
+    VCase c{1, 2, 4, 1, 0, 0, 0, 0, 128, {4, 12}, {8, 8}, true, 0, DType::F32, DType::F16, DType::F32, false, true};
+    c.head_dim = hds[i % 6];
+    c.kspec = kspecs[pick() % 4];
+    c.vspec = vspecs[pick() % 4];
+    if (c.head_dim % c.kspec.sub_dim) c.kspec.sub_dim = 4;
+    if (c.head_dim % c.vspec.sub_dim) c.vspec.sub_dim = 4;
+    c.n_coded = ncs[pick() % 6];
+    c.n_kv_heads = 1 + int64_t(pick() % 2);
+    const int64_t groups[] = {1, 4, 5};
+    c.group = groups[pick() % 3];
+    c.q_len = 1 + int64_t(pick() % 3);
+    c.n_window = int64_t(pick() % 3) * 7;
+    c.n_slots = c.n_window ? c.n_window + 3 : 0;
+    c.first_slot = c.n_slots ? int64_t(pick() % uint64_t(c.n_slots)) : 0;
+    c.q_len = std::min(c.q_len, c.n_coded + c.n_window);  // causal: no more queries than keys
+    c.batch = 1 + int64_t(pick() % 2);
+    c.permuted = pick() % 2 == 0;
+    run_vcase(c, 9000 + uint64_t(i), &pool);
+  }
+  // the defaults at decode, both parities of a long history
+  for (int64_t n_coded : {2600, 2601})
+    run_vcase({1, 2, 4, 1, n_coded, 17, 24, 5, 128, {4, 12}, {8, 8}, true, 0, DType::F16, DType::F16, DType::F32, false,
+               true},
+              n_coded, &pool);
 }
 
 TEST(VecInferAttentionCpu, ThreadCountDoesNotChangeResults) {

@@ -135,3 +135,34 @@ TEST(CodebookFormat, NamesParseBackAndUnknownNamesAreErrors) {
     EXPECT_NE(std::string(e.what()).find("f16, e4m3, i8, i8kv"), std::string::npos) << e.what();
   }
 }
+
+// ProductQuantizer::codebook_i8 is derived by set_codebook, and only when exact: the CPU
+// attention scores keys from these bytes as if they were the float codebook.
+TEST(I8Codebook, QuantizerKeepsTheInt8FormOnlyOnTheGrid) {
+  ProductQuantizer pq(128, PQSpec{4, 12});
+  pq.set_random_codebook(3, 0.5f);
+  EXPECT_TRUE(pq.codebook_i8.empty());  // a Gaussian codebook is not on its int8 grid
+  EXPECT_EQ(pq.codebook_i8_scale, 0.0f);
+
+  pq.set_codebook(snap_to_int8_grid(pq.codebook));
+  ASSERT_EQ(pq.codebook_i8.size(), pq.codebook.size());
+  EXPECT_GT(pq.codebook_i8_scale, 0.0f);
+  bool saw_127 = false;
+  for (size_t i = 0; i < pq.codebook.size(); ++i) {
+    ASSERT_EQ(float(pq.codebook_i8[i]) * pq.codebook_i8_scale, pq.codebook[i]) << i;
+    saw_127 |= std::abs(int(pq.codebook_i8[i])) == 127;
+  }
+  EXPECT_TRUE(saw_127);
+
+  // one entry moved off the grid by an ulp: no int8 form (a stale one would score wrong keys)
+  std::vector<float> off = pq.codebook;
+  off[7] = std::nextafter(off[7], 1e30f);
+  pq.set_codebook(off);
+  EXPECT_TRUE(pq.codebook_i8.empty());
+  EXPECT_EQ(pq.codebook_i8_scale, 0.0f);
+
+  // an all-zero codebook is on every grid
+  pq.set_codebook(std::vector<float>(pq.codebook.size(), 0.0f));
+  ASSERT_EQ(pq.codebook_i8.size(), pq.codebook.size());
+  for (int8_t b : pq.codebook_i8) ASSERT_EQ(b, 0);
+}

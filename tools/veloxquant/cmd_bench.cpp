@@ -161,7 +161,10 @@ class BenchCommand final : public Command {
                strf("%.1f", kv_bytes / tf / 1e9)});
     t.add_row({vec->class_name(), keys_ + "/" + values_, strf("%.3f", tv * 1e3), human_bytes(double(bv)), "-"});
     t.print();
-    std::printf("\nVecInfer vs fp16: %.2fx faster, %.2fx fewer bytes held\n", tf / tv, double(bf) / double(bv));
+    // a ratio below 1 is reported as what it is: slower
+    if (tf >= tv) std::printf("\nVecInfer vs fp16: %.2fx faster", tf / tv);
+    else std::printf("\nVecInfer vs fp16: %.2fx slower", tv / tf);
+    std::printf(", %.2fx fewer bytes held\n", double(bf) / double(bv));
     if (!vec->describe().empty()) std::printf("(%s)\n", vec->describe().c_str());
     return 0;
   }
