@@ -367,7 +367,7 @@ void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v
   });
 
   // Merge per row block (rows with no unit at all get zeros).
-  run_tasks(pool, int64_t(rbs.size()), [&](int64_t id, int) {
+  run_tasks(pool_for(pool, int64_t(units.size() + rbs.size()) * 4 * D), int64_t(rbs.size()), [&](int64_t id, int) {
     const RowBlock& rb = rbs[size_t(id)];
     const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
     void* rows[4];

@@ -1,12 +1,22 @@
 // src/cpu/thread_pool.cpp — the persistent pool behind CPU attention and the caches.
 //
-// size()−1 worker threads sleep on a condition variable; parallel_for publishes a job (the
-// function, the task count, an atomic next-task counter), wakes them, and works on tasks
-// itself as worker 0. Workers grab task indices with fetch_add until none are left, then the
-// last one to finish signals the caller. A generation counter tells workers a new job exists.
+// size()−1 worker threads wait for a job; parallel_for publishes one (the function, the task
+// count, an atomic next-task counter), wakes them, and works on tasks itself as worker 0.
+// Workers grab task indices with fetch_add until none are left, then the last one to finish
+// signals the caller. A generation counter tells workers a new job exists.
+//
+// Waiting spins before it sleeps. A condition-variable round trip (the caller's notify, a
+// sleeping worker scheduled again, its "done" waking the caller) cost 64 us per parallel_for
+// on the 2-core CI machine (a VM; measured 2026-12-04), more than a decode step's query setup
+// or a short context's whole attention. So a worker polls the generation for up to
+// kSpinMicros after each job before it sleeps, and the caller polls `active` as long before
+// it sleeps on `done`: back-to-back calls (layer after layer) find the workers awake. The poll
+// yields the CPU every 64 checks, so a spinning worker of one idle pool (each cache may own
+// one) gives way to runnable threads of another.
 #include "veloxquant/thread_pool.h"
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -20,7 +30,23 @@ namespace veloxquant {
 
 namespace {
 thread_local bool t_in_pool_task = false;  // set while this thread runs a pool task
+
+constexpr int kSpinMicros = 100;  // how long a waiter polls before it sleeps
+
+// Polls ready() for up to kSpinMicros (yielding every 64 polls); true once it held.
+template <typename F>
+bool spin_until(F&& ready) {
+  using clock = std::chrono::steady_clock;
+  const auto end = clock::now() + std::chrono::microseconds(kSpinMicros);
+  for (int i = 1;; ++i) {
+    if (ready()) return true;
+    if (i % 64 == 0) {
+      if (clock::now() >= end) return ready();
+      std::this_thread::yield();
+    }
+  }
 }
+}  // namespace
 
 struct ThreadPool::Impl {
   std::vector<std::thread> threads;
@@ -29,14 +55,15 @@ struct ThreadPool::Impl {
   std::mutex m;
   std::condition_variable wake;  // workers wait for a new generation
   std::condition_variable done;  // the caller waits for the workers
-  uint64_t generation = 0;
-  bool stop = false;
+  std::atomic<uint64_t> generation{0};  // written under m; polled without it
+  std::atomic<bool> stop{false};
 
-  // The current job (valid while a parallel_for is running).
+  // The current job (valid while a parallel_for is running; written before the generation's
+  // release increment, read after a worker's acquire load of it).
   const std::function<void(int64_t, int)>* fn = nullptr;
   int64_t n_tasks = 0;
   std::atomic<int64_t> next{0};
-  int active = 0;  // workers still inside the current job
+  std::atomic<int> active{0};  // workers still inside the current job
   std::exception_ptr error;
   std::mutex error_mutex;
 
@@ -60,16 +87,19 @@ struct ThreadPool::Impl {
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
-      {
+      auto ready = [&] { return stop.load(std::memory_order_acquire) || generation.load(std::memory_order_acquire) != seen; };
+      if (!spin_until(ready)) {
         std::unique_lock<std::mutex> lk(m);
-        wake.wait(lk, [&] { return stop || generation != seen; });
-        if (stop) return;
-        seen = generation;
+        wake.wait(lk, ready);
       }
+      if (stop.load(std::memory_order_acquire)) return;
+      seen = generation.load(std::memory_order_acquire);
       run_tasks(worker);
-      {
+      if (active.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        // the last worker out: wake the caller if it stopped polling (taking m orders this
+        // notify after the caller's predicate check, so it cannot be lost)
         std::lock_guard<std::mutex> lk(m);
-        if (--active == 0) done.notify_one();
+        done.notify_one();
       }
     }
   }
@@ -85,7 +115,7 @@ ThreadPool::ThreadPool(int n_threads) : impl_(std::make_unique<Impl>()) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lk(impl_->m);
-    impl_->stop = true;
+    impl_->stop.store(true, std::memory_order_release);
   }
   impl_->wake.notify_all();
   for (auto& t : impl_->threads) t.join();
@@ -114,16 +144,17 @@ void ThreadPool::parallel_for(int64_t n_tasks, const std::function<void(int64_t,
     s.n_tasks = n_tasks;
     s.next.store(0, std::memory_order_relaxed);
     s.error = nullptr;
-    s.active = n_threads_ - 1;
-    ++s.generation;
+    s.active.store(n_threads_ - 1, std::memory_order_relaxed);
+    s.generation.fetch_add(1, std::memory_order_release);
   }
   s.wake.notify_all();
   s.run_tasks(0);
-  {
+  auto finished = [&] { return s.active.load(std::memory_order_acquire) == 0; };
+  if (!spin_until(finished)) {
     std::unique_lock<std::mutex> lk(s.m);
-    s.done.wait(lk, [&] { return s.active == 0; });
-    s.fn = nullptr;
+    s.done.wait(lk, finished);
   }
+  s.fn = nullptr;
   if (s.error) {
     std::exception_ptr e = s.error;
     s.error = nullptr;

@@ -748,7 +748,10 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   std::vector<float> qbuf(size_t(B * Hkv * NRB * 8 * D), 0.0f);
   std::vector<RowBlock> rbs(size_t(B * Hkv * NRB));
   const int qes = dtype_size(q.dtype);
-  run_tasks(pool, B * Hkv, [&](int64_t bk, int) {
+  // (load, Hadamard and scale of 8 rows of D per row block: about 8·D·log2(D) operations)
+  int log2d = 0;
+  while ((int64_t(1) << log2d) < D) ++log2d;
+  run_tasks(pool_for(pool, B * Hkv * NRB * 8 * D * (log2d + 2)), B * Hkv, [&](int64_t bk, int) {
     const int64_t b = bk / Hkv, kh = bk % Hkv;
     for (int64_t blk = 0; blk < NRB; ++blk) {
       const int64_t id = bk * NRB + blk;
@@ -836,7 +839,7 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
     }
   });
 
-  run_tasks(pool, n_rbs, [&](int64_t id, int) {
+  run_tasks(pool_for(pool, int64_t(units.size() + rbs.size()) * 4 * D), n_rbs, [&](int64_t id, int) {
     const RowBlock& rb = rbs[size_t(id)];
     const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
     void* rows[4];

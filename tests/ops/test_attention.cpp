@@ -7,6 +7,9 @@
 // causal and not, sliding windows, q_len > 1, mixed dtypes, permuted strides.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include <random>
 
 #include "ops/attention_test_util.h"
@@ -192,4 +195,53 @@ TEST(ThreadPool, RunsEveryTaskOnceAndRethrows) {
   std::atomic<int> n{0};
   pool.parallel_for(4, [&](int64_t, int) { pool.parallel_for(5, [&](int64_t, int) { n++; }); });
   EXPECT_EQ(n.load(), 20);
+}
+
+// Workers poll for the next job for a while and then sleep; the caller polls for "done" and
+// then sleeps. Every handoff must work: back-to-back jobs (workers still polling), jobs after
+// a pause longer than the poll (workers asleep), calls from several threads at once, several
+// pools sharing the cores, and destruction right after a job (workers still polling).
+TEST(ThreadPool, HandsOffJobsWhetherWorkersPollOrSleep) {
+  ThreadPool pool(3);
+  std::vector<std::atomic<int>> hits(64);
+  auto job = [&](ThreadPool& p, int n_tasks) {
+    for (auto& h : hits) h = 0;
+    p.parallel_for(n_tasks, [&](int64_t t, int) { hits[size_t(t)]++; });
+    for (int t = 0; t < n_tasks; ++t) ASSERT_EQ(hits[size_t(t)].load(), 1) << t;
+  };
+  for (int i = 0; i < 2000; ++i) job(pool, 2 + i % 60);  // back to back
+  for (int i = 0; i < 20; ++i) {                          // after the poll ran out
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    job(pool, 2 + i);
+  }
+  // a slow task: the caller's poll for "done" runs out and it sleeps until the worker ends
+  std::atomic<int> slow{0};
+  pool.parallel_for(2, [&](int64_t t, int) {
+    if (t == 1) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    slow++;
+  });
+  EXPECT_EQ(slow.load(), 2);
+
+  // four threads calling one pool (serialised), each with its own pool as well
+  std::atomic<int64_t> total{0};
+  std::vector<std::thread> callers;
+  for (int c = 0; c < 4; ++c)
+    callers.emplace_back([&, c] {
+      ThreadPool own(2);
+      for (int i = 0; i < 300; ++i) {
+        ThreadPool& p = i % 2 ? own : pool;
+        p.parallel_for(8 + c, [&](int64_t, int) { total++; });
+        if (i % 97 == 0) std::this_thread::sleep_for(std::chrono::microseconds(300));
+      }
+    });
+  for (auto& t : callers) t.join();
+  EXPECT_EQ(total.load(), int64_t(300) * (8 + 9 + 10 + 11));
+
+  // destroyed while its workers still poll
+  for (int i = 0; i < 50; ++i) {
+    ThreadPool p(2);
+    std::atomic<int> n{0};
+    p.parallel_for(4, [&](int64_t, int) { n++; });
+    EXPECT_EQ(n.load(), 4);
+  }
 }
