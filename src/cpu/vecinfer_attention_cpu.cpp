@@ -19,7 +19,7 @@
 //   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute); a
 //   block of contiguous unpadded rows is unpacked as one stream (full-width loads).
 // Values (coded chunk), after the chunk's scores became p = exp(s − max):
-//   histogram path (codebook_bits <= 8, chunk long enough): T4[m][c][r] += p[t][r] for
+//   histogram path (codebook_bits <= 8, chunk >= 2·n_centroids tokens): T4[m][c][r] += p[t][r] for
 //     c = code_{t,m} (one 16-byte read-modify-write per token and sub-vector, blocked like the
 //     LUT), then o[r][m·d + e] = Σ_c T4[m][c][r]·C_v[c][e].
 //   Dequant path (otherwise): o[r] += p[t][r]·V̂_t, 64 dims x 4 rows in registers (AVX-512).
@@ -52,7 +52,9 @@ constexpr int64_t kTargetUnits = 16;     // split coded spans until about this m
 // Table paths only where they beat dequantizing (measured with `veloxquant bench`, 2 cores,
 // 8192 to 131072 tokens): the key LUT up to 512 centroids (d4b10 keys: the int8 dequant kernel
 // was 5-12% faster than a 512 KiB LUT), the value histogram up to 256 (d8b12 values: dequant
-// 1.2-2.1x faster than a 1 MiB histogram, whose zeroing and reduction cost more than the tokens).
+// 1.2-2.1x faster than a 1 MiB histogram, whose zeroing and reduction cost more than the tokens),
+// and for 8 bits only from 2·n_centroids tokens on (384 tokens of d8b8 or d4b8 values: dequant
+// 13-20% faster; from about 1024 the histogram wins).
 constexpr int kMaxLutBits = 9;
 constexpr int kMaxTableBits = 8;
 constexpr size_t kL1Slice = 32 * 1024;   // bytes of table slice per m block
@@ -665,7 +667,7 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
   float* S4 = scratch.scores.get(size_t(4 * n + 16));
   float* row = scratch.tmp.get(size_t(D));
   const bool use_lut = cx.key_table_ok && n * 2 >= kp.n_centroids;
-  const bool use_hist = cx.value_table_ok && n * 2 >= vp.n_centroids;
+  const bool use_hist = cx.value_table_ok && n >= 2 * int64_t(vp.n_centroids);
 
   // Pass 1: scores.
   float* lut = nullptr;
@@ -738,9 +740,9 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   cx.value_table_ok = vp.codebook_bits <= kMaxTableBits;
   cx.key_mb = pick_mb(kp.n_sub, kp.n_centroids);
   cx.value_mb = pick_mb(vp.n_sub, vp.n_centroids);
-  const bool long_enough = Nc * 2 >= std::min(kp.n_centroids, vp.n_centroids);
-  if (cx.key_table_ok && long_enough) cx.kcx = expand_codebook(kp);
-  if (cx.value_table_ok && long_enough) cx.vcx = expand_codebook(vp);
+  // the expanded codebooks only where some chunk can take the table path (see coded_partial)
+  if (cx.key_table_ok && Nc * 2 >= kp.n_centroids) cx.kcx = expand_codebook(kp);
+  if (cx.value_table_ok && Nc >= 2 * int64_t(vp.n_centroids)) cx.vcx = expand_codebook(vp);
   if (cx.kcx.empty()) cx.key_table_ok = false;
   if (cx.vcx.empty()) cx.value_table_ok = false;
 
