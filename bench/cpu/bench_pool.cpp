@@ -47,7 +47,8 @@ std::atomic<int64_t> g_sink{0};
 
 void BM_pool_back_to_back(benchmark::State& state) {
   ThreadPool& p = pool();
-  for (auto _ : state) p.parallel_for(p.size(), [](int64_t t, int) { g_sink.fetch_add(t, std::memory_order_relaxed); });
+  for (auto _ : state)
+    p.parallel_for(p.size(), [](int64_t t, int) { g_sink.fetch_add(t, std::memory_order_relaxed); });
   state.counters["threads"] = p.size();
 }
 
@@ -87,7 +88,12 @@ void BM_spawn_join(benchmark::State& state) {
 }  // namespace
 
 BENCHMARK(BM_pool_back_to_back)->Name("pool/back_to_back")->Repetitions(3)->ReportAggregatesOnly(true);
-BENCHMARK(BM_pool_after_pause)->Name("pool/after_pause")->UseManualTime()->Iterations(300)->Repetitions(3)->ReportAggregatesOnly(true);
+BENCHMARK(BM_pool_after_pause)
+    ->Name("pool/after_pause")
+    ->UseManualTime()
+    ->Iterations(300)
+    ->Repetitions(3)
+    ->ReportAggregatesOnly(true);
 #if defined(_OPENMP)
 BENCHMARK(BM_openmp_back_to_back)->Name("openmp/back_to_back")->Repetitions(3)->ReportAggregatesOnly(true);
 #endif

@@ -46,6 +46,9 @@
 //   (values alike)
 //   codebook_bytes         both codebooks as held, in f32 (n_centroids·sub_dim·4 each, not
 //                          the paper's fp16 count) + their centroid norms (n_centroids·4 each)
+//                          + their int8 rows where a codebook lies on its int8 grid (the key
+//                          codebook by default: n_centroids·sub_dim bytes; the CPU attention
+//                          reads them, ProductQuantizer::codebook_i8)
 //                          + λ and 1/λ (n_kv_heads·head_dim·4 each, f32; 0 for identity)
 //   nbytes()               every buffer actually allocated: capacity slack, the whole ring /
 //                          pending ring, plus codebook_bytes(). Per-thread attention scratch

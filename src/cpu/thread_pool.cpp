@@ -87,7 +87,9 @@ struct ThreadPool::Impl {
   void worker_loop(int worker) {
     uint64_t seen = 0;
     for (;;) {
-      auto ready = [&] { return stop.load(std::memory_order_acquire) || generation.load(std::memory_order_acquire) != seen; };
+      auto ready = [&] {
+        return stop.load(std::memory_order_acquire) || generation.load(std::memory_order_acquire) != seen;
+      };
       if (!spin_until(ready)) {
         std::unique_lock<std::mutex> lk(m);
         wake.wait(lk, ready);

@@ -389,7 +389,8 @@ int64_t VecInferKVCache::fp16_value_bytes() const { return fp16_key_bytes(); }
 int64_t VecInferKVCache::codebook_bytes() const {
   const int64_t f = int64_t(sizeof(float));
   return f * int64_t(key_pq_.codebook.size() + key_pq_.centroid_norms.size() + value_pq_.codebook.size() +
-                     value_pq_.centroid_norms.size() + transform_.lambda.size() + transform_.inv_lambda.size());
+                     value_pq_.centroid_norms.size() + transform_.lambda.size() + transform_.inv_lambda.size()) +
+         int64_t(key_pq_.codebook_i8.size() + value_pq_.codebook_i8.size());  // int8 rows, where on the grid
 }
 
 double VecInferKVCache::assigned_avg_bits() const {
