@@ -51,7 +51,7 @@ constexpr int64_t kMinChunk = 2048;      // smallest coded chunk worth its own u
 constexpr int64_t kTargetUnits = 16;     // split coded spans until about this many units exist
 // Table paths only where they beat dequantizing (measured with `veloxquant bench`, 2 cores,
 // 8192 to 131072 tokens): the key LUT up to 512 centroids (d4b10 keys: the int8 dequant kernel
-// was 5-12% faster than a 512 KiB LUT), the value histogram up to 256 (d8b12 values: dequant
+// was 4-14% faster than a 512 KiB LUT), the value histogram up to 256 (d8b12 values: dequant
 // 1.2-2.1x faster than a 1 MiB histogram, whose zeroing and reduction cost more than the tokens),
 // and for 8 bits only from 2·n_centroids tokens on (384 tokens of d8b8 or d4b8 values: dequant
 // 13-20% faster; from about 1024 the histogram wins).

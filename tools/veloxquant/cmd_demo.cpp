@@ -209,7 +209,7 @@ class DemoCommand final : public Command {
     std::printf(
         "\nbits/elem nominal: codes only for VQ (the paper's count), codes + fp16 scale/zero for KIVI.\n"
         "bits/elem effective: every byte the %d layers' caches hold at %lld tokens (codes, fp16 window,\n"
-        "codebooks and smooth factors as held in f32) / (K and V elements).\n"
+        "codebooks and smooth factors as held: f32, plus int8 key rows) / (K and V elements).\n"
         "attn-output error: mean over layers, query heads and %d decode queries of ||o - o_exact|| / ||o_exact||,\n"
         "o_exact = exact fp32 attention (attention_cpu) over the original K/V. decode attn ms: one decode step (q_len 1),\n"
         "median of %d, summed over layers (speedup vs fp16 in the last column; the KIVI-style baseline is a\n"
