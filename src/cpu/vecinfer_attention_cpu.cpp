@@ -575,18 +575,26 @@ struct UnpackPlan {
   }
 };
 
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+// 16 codes whose first bit starts byte p[0] (avail bytes readable from p): one 64-byte load
+// (masked to avail when fewer remain), a byte permute giving each 32-bit lane the 4 bytes of
+// its code, a variable shift, a mask, and a narrowing store.
+inline void unpack16(const uint8_t* p, int64_t avail, const UnpackPlan& plan, uint16_t* out) {
+  const __m512i bytes = avail >= 64 ? _mm512_loadu_si512(p)
+                                    : _mm512_maskz_loadu_epi8(__mmask64((uint64_t(1) << avail) - 1), p);
+  const __m512i w =
+      _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift), plan.mask);
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(w));
+}
+#endif
+
 inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, const UnpackPlan& plan, uint16_t* out) {
   const int bits = plan.bits;
   int i = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
   for (; i + 16 <= n_codes; i += 16) {
     const int64_t byte0 = int64_t(i) * bits / 8;
-    const int64_t avail = code_bytes - byte0;
-    const __mmask64 m = avail >= 64 ? ~__mmask64(0) : __mmask64((uint64_t(1) << avail) - 1);
-    const __m512i bytes = _mm512_maskz_loadu_epi8(m, row + byte0);
-    const __m512i w = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift),
-                                       plan.mask);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(w));
+    unpack16(row + byte0, code_bytes - byte0, plan, out + i);
   }
 #endif
   const uint64_t mask = (uint64_t(1) << bits) - 1;
@@ -603,21 +611,14 @@ inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, cons
 }
 
 // Unpacks n_codes codes of `bits` bits packed LSB-first from p (n_bytes bytes in all): as
-// unpack_row, but every 16-code group (2·bits bytes, starting on a byte) is read with one
-// full 64-byte load while 64 bytes remain, masked only for the last groups. Out: n_codes entries.
+// unpack_row over rows that follow each other without padding bits, so the 64-byte window of a
+// 16-code group (2·bits bytes, starting on a byte) runs into the next rows and only the last
+// groups of the block need a masked load. Out: n_codes entries.
 inline void unpack_stream(const uint8_t* p, int64_t n_codes, int64_t n_bytes, const UnpackPlan& plan, uint16_t* out) {
   int64_t i = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
   const int64_t gb = 2 * plan.bits;  // bytes per 16 codes
-  for (; i + 16 <= n_codes; i += 16) {
-    const int64_t byte0 = i / 16 * gb;
-    const int64_t avail = n_bytes - byte0;
-    const __m512i bytes = avail >= 64 ? _mm512_loadu_si512(p + byte0)
-                                      : _mm512_maskz_loadu_epi8(__mmask64((uint64_t(1) << avail) - 1), p + byte0);
-    const __m512i w = _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift),
-                                       plan.mask);
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi32_epi16(w));
-  }
+  for (; i + 16 <= n_codes; i += 16) unpack16(p + i / 16 * gb, n_bytes - i / 16 * gb, plan, out + i);
 #endif
   for (; i < n_codes; ++i) out[i] = uint16_t(read_code(p, i, plan.bits));
 }
