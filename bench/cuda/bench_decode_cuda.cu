@@ -445,7 +445,7 @@ int main(int argc, char** argv) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
-    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];     // only rows whose name contains it (TEXT$: is it)
+    else if (a == "--filter" && i + 1 < argc) filter = argv[++i];     // rows whose name contains it; TEXT$: the one row named TEXT
     else if (a == "--shape" && i + 1 < argc) shape_arg = argv[++i];   // e.g. 1x16384
     else if (a == "--quick") quick = true;
     else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
@@ -472,7 +472,7 @@ int main(int argc, char** argv) {
     else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
   }
-  // --filter TEXT: rows whose name contains TEXT; TEXT$: the row of exactly that name
+  // --filter: a trailing '$' asks for the one row of exactly that name ('d4b8/d4b8+i8$' leaves out +i8kv)
   const bool exact = !filter.empty() && filter.back() == '$';
   if (exact) filter.pop_back();
   auto selected = [&](const std::string& name) {
