@@ -533,6 +533,14 @@ std::vector<float> expand_codebook(const ProductQuantizer& pq) {
   return cx;
 }
 
+// How many coded tokens a chunk needs before its table path pays (the thresholds above): the
+// key LUT from n_centroids / 2, the value histogram from 2·n_centroids. coded_partial asks per
+// chunk; vecinfer_attention_cpu asks for the whole coded span before expanding a codebook.
+inline bool key_lut_pays(int64_t n_tokens, const ProductQuantizer& pq) { return n_tokens * 2 >= pq.n_centroids; }
+inline bool value_hist_pays(int64_t n_tokens, const ProductQuantizer& pq) {
+  return n_tokens >= 2 * int64_t(pq.n_centroids);
+}
+
 struct CodedContext {
   const VecInferAttentionInputs* in;
   int64_t D;
@@ -667,8 +675,8 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
   const int64_t n = e - a;
   float* S4 = scratch.scores.get(size_t(4 * n + 16));
   float* row = scratch.tmp.get(size_t(D));
-  const bool use_lut = cx.key_table_ok && n * 2 >= kp.n_centroids;
-  const bool use_hist = cx.value_table_ok && n >= 2 * int64_t(vp.n_centroids);
+  const bool use_lut = cx.key_table_ok && key_lut_pays(n, kp);
+  const bool use_hist = cx.value_table_ok && value_hist_pays(n, vp);
 
   // Pass 1: scores.
   float* lut = nullptr;
@@ -742,8 +750,8 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   cx.key_mb = pick_mb(kp.n_sub, kp.n_centroids);
   cx.value_mb = pick_mb(vp.n_sub, vp.n_centroids);
   // the expanded codebooks only where some chunk can take the table path (see coded_partial)
-  if (cx.key_table_ok && Nc * 2 >= kp.n_centroids) cx.kcx = expand_codebook(kp);
-  if (cx.value_table_ok && Nc >= 2 * int64_t(vp.n_centroids)) cx.vcx = expand_codebook(vp);
+  if (cx.key_table_ok && key_lut_pays(Nc, kp)) cx.kcx = expand_codebook(kp);
+  if (cx.value_table_ok && value_hist_pays(Nc, vp)) cx.vcx = expand_codebook(vp);
   if (cx.kcx.empty()) cx.key_table_ok = false;
   if (cx.vcx.empty()) cx.value_table_ok = false;
 
