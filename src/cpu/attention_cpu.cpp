@@ -98,6 +98,36 @@ void merge_partials(const Partial* parts, int n, int n_rows, int64_t D, float* t
   }
 }
 
+void merge_row_blocks(ThreadPool* pool, const std::vector<RowBlock>& rbs, const std::vector<int64_t>& first_unit,
+                      const std::vector<Partial>& parts, int64_t Hkv, int64_t NRB, int64_t G, const TensorView& out) {
+  const int64_t D = out.shape[3];
+  run_tasks(pool_for(pool, int64_t(parts.size() + rbs.size()) * 4 * D), int64_t(rbs.size()), [&](int64_t id, int) {
+    const RowBlock& rb = rbs[size_t(id)];
+    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
+    void* rows[4];
+    for (int r = 0; r < rb.n_rows; ++r) {
+      const int64_t row = rb.row0 + r, i = row / G, h = kh * G + row % G;
+      rows[r] = static_cast<char*>(out.data) + off4(out, b, h, i, 0) * dtype_size(out.dtype);
+    }
+    const int64_t u0 = first_unit[size_t(id)], u1 = first_unit[size_t(id) + 1];
+    merge_partials(parts.data() + u0, int(u1 - u0), rb.n_rows, D, thread_scratch().tmp.get(size_t(D)), rows,
+                   out.dtype, out.strides[3]);
+  });
+}
+
+DenseSource DenseSource::of(const TensorView& k, const TensorView& v, int64_t b, int64_t kvh) {
+  DenseSource src;
+  src.k = static_cast<const char*>(k.data) + off4(k, b, kvh, 0, 0) * dtype_size(k.dtype);
+  src.v = static_cast<const char*>(v.data) + off4(v, b, kvh, 0, 0) * dtype_size(v.dtype);
+  src.kt = k.dtype;
+  src.vt = v.dtype;
+  src.k_ts = k.strides[2];
+  src.k_ds = k.strides[3];
+  src.v_ts = v.strides[2];
+  src.v_ds = v.strides[3];
+  return src;
+}
+
 // ---- dense partial ------------------------------------------------------------------------
 
 namespace {
@@ -354,31 +384,11 @@ void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v
   run_tasks(pool, int64_t(units.size()), [&](int64_t u, int) {
     const Unit& un = units[size_t(u)];
     const RowBlock& rb = rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)];
-    DenseSource src;
-    src.k = row_ptr(k.data, k.dtype, off4(k, un.b, un.kvh, 0, 0));
-    src.v = row_ptr(v.data, v.dtype, off4(v, un.b, un.kvh, 0, 0));
-    src.kt = k.dtype;
-    src.vt = v.dtype;
-    src.k_ts = k.strides[2];
-    src.k_ds = k.strides[3];
-    src.v_ts = v.strides[2];
-    src.v_ds = v.strides[3];
+    const DenseSource src = DenseSource::of(k, v, un.b, un.kvh);
     dense_partial(src, un.t0, un.t1, D, rb, thread_scratch(), parts[size_t(u)]);
   });
 
-  // Merge per row block (rows with no unit at all get zeros).
-  run_tasks(pool_for(pool, int64_t(units.size() + rbs.size()) * 4 * D), int64_t(rbs.size()), [&](int64_t id, int) {
-    const RowBlock& rb = rbs[size_t(id)];
-    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
-    void* rows[4];
-    for (int r = 0; r < rb.n_rows; ++r) {
-      const int64_t row = rb.row0 + r, i = row / G, h = kh * G + row % G;
-      rows[r] = static_cast<char*>(out.data) + off4(out, b, h, i, 0) * dtype_size(out.dtype);
-    }
-    const int64_t u0 = first_unit[size_t(id)], u1 = first_unit[size_t(id) + 1];
-    merge_partials(parts.data() + u0, int(u1 - u0), rb.n_rows, D, thread_scratch().tmp.get(size_t(D)), rows,
-                   out.dtype, out.strides[3]);
-  });
+  merge_row_blocks(pool, rbs, first_unit, parts, Hkv, NRB, G, out);  // rows with no unit at all get zeros
 }
 
 void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,

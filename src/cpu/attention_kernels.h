@@ -58,6 +58,9 @@ struct DenseSource {
   int64_t slot(int64_t t) const {
     return n_slots ? (first_slot + (t - pos0)) % n_slots : t - pos0;
   }
+  /// The rows of (batch b, kv head kvh) of k and v [batch, n_kv_heads, tokens, head_dim],
+  /// linear from position pos0 = 0 (set pos0 / n_slots / first_slot after for a window ring).
+  static DenseSource of(const TensorView& k, const TensorView& v, int64_t b, int64_t kvh);
 };
 
 /// Scratch for one unit, grown as needed and kept per thread (the pool's threads persist, so
@@ -86,6 +89,13 @@ bool softmax_chunk(float* S4, int64_t t0, int64_t n, const RowBlock& rb, Partial
 /// get zeros.
 void merge_partials(const Partial* parts, int n, int n_rows, int64_t D, float* tmp,
                     void* const* out_rows, DType odt, int64_t ods);
+
+/// The last phase of both paths: each row block's partials (units first_unit[id] ..
+/// first_unit[id + 1]) merged into its rows of out [batch, n_heads, q_len, head_dim]. Row
+/// blocks are ordered (batch, kv head, block), NRB blocks per (batch, kv head), G query heads
+/// per kv head.
+void merge_row_blocks(ThreadPool* pool, const std::vector<RowBlock>& rbs, const std::vector<int64_t>& first_unit,
+                      const std::vector<Partial>& parts, int64_t Hkv, int64_t NRB, int64_t G, const TensorView& out);
 
 /// The unit plan shared by both attention paths.
 struct Unit {

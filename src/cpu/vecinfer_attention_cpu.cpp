@@ -832,36 +832,15 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
     if (un.kind == 0) {
       coded_partial(cx, un.b, un.kvh, un.t0, un.t1, rb, scratch, parts[size_t(u)]);
     } else {
-      DenseSource src;
-      const TensorView& wk = in.window_keys;
-      const TensorView& wv = in.window_values;
-      src.k = static_cast<const char*>(wk.data) + off4(wk, un.b, un.kvh, 0, 0) * dtype_size(wk.dtype);
-      src.v = static_cast<const char*>(wv.data) + off4(wv, un.b, un.kvh, 0, 0) * dtype_size(wv.dtype);
-      src.kt = wk.dtype;
-      src.vt = wv.dtype;
-      src.k_ts = wk.strides[2];
-      src.k_ds = wk.strides[3];
-      src.v_ts = wv.strides[2];
-      src.v_ds = wv.strides[3];
+      DenseSource src = DenseSource::of(in.window_keys, in.window_values, un.b, un.kvh);
       src.pos0 = Nc;
-      src.n_slots = wk.shape[2];
+      src.n_slots = in.window_keys.shape[2];
       src.first_slot = in.window_first_slot;
       dense_partial(src, un.t0, un.t1, D, rb, scratch, parts[size_t(u)]);
     }
   });
 
-  run_tasks(pool_for(pool, int64_t(units.size() + rbs.size()) * 4 * D), n_rbs, [&](int64_t id, int) {
-    const RowBlock& rb = rbs[size_t(id)];
-    const int64_t b = id / (Hkv * NRB), kh = (id / NRB) % Hkv;
-    void* rows[4];
-    for (int r = 0; r < rb.n_rows; ++r) {
-      const int64_t rr = rb.row0 + r, i = rr / G, h = kh * G + rr % G;
-      rows[r] = static_cast<char*>(out.data) + off4(out, b, h, i, 0) * dtype_size(out.dtype);
-    }
-    const int64_t u0 = first_unit[size_t(id)], u1 = first_unit[size_t(id) + 1];
-    merge_partials(parts.data() + u0, int(u1 - u0), rb.n_rows, D, thread_scratch().tmp.get(size_t(D)), rows,
-                   out.dtype, out.strides[3]);
-  });
+  merge_row_blocks(pool, rbs, first_unit, parts, Hkv, NRB, G, out);
 }
 
 }  // namespace veloxquant

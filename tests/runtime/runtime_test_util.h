@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -12,7 +13,14 @@
 
 namespace vqtest {
 
-inline std::filesystem::path runtime_data() { return std::filesystem::path(VQ_TEST_DATA_DIR) / "runtime"; }
+/// The committed test data: VQ_TEST_DATA_DIR from the environment if set (a test binary run
+/// away from its source tree, e.g. built on one machine and run on another), else the path
+/// compiled in.
+inline std::filesystem::path test_data() {
+  const char* env = std::getenv("VQ_TEST_DATA_DIR");
+  return std::filesystem::path(env && *env ? env : VQ_TEST_DATA_DIR);
+}
+inline std::filesystem::path runtime_data() { return test_data() / "runtime"; }
 inline std::filesystem::path tiny_dir(const std::string& name) { return runtime_data() / name; }
 
 /// What tests/runtime/reference_logits.py wrote for one checkpoint.

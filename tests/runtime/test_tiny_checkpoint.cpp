@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "runtime_test_util.h"
 #include "tiny_checkpoint.h"
 
 namespace fs = std::filesystem;
@@ -23,7 +24,7 @@ std::string slurp(const fs::path& p) {
 }  // namespace
 
 TEST(RuntimeTinyCheckpoint, CommittedFilesMatchGenerator) {
-  const fs::path data = fs::path(VQ_TEST_DATA_DIR) / "runtime";
+  const fs::path data = vqtest::runtime_data();
   const char* write = std::getenv("VQ_WRITE_TINY_CHECKPOINTS");
   for (const auto& spec : vqtest::tiny_specs()) {
     if (write && std::string(write) == "1") {

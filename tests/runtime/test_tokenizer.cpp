@@ -18,6 +18,7 @@
 #include <sstream>
 #include <thread>
 
+#include "runtime_test_util.h"
 #include "veloxquant/error.h"
 #include "veloxquant/runtime/tokenizer.h"
 
@@ -85,7 +86,7 @@ struct Reference {
 // with the top-level overrides it lists applied); nullopt when unavailable (a failure is
 // recorded under CI, else `skip` says why and the caller skips).
 std::optional<Reference> load_reference(const std::string& name, std::string& skip) {
-  const fs::path refp = fs::path(VQ_TEST_DATA_DIR) / "runtime" / ("tokenizer_ref_" + name + ".json");
+  const fs::path refp = vqtest::runtime_data() / ("tokenizer_ref_" + name + ".json");
   EXPECT_TRUE(fs::exists(refp)) << refp;
   if (!fs::exists(refp)) return std::nullopt;
   json ref = json::parse(read_all(refp));
