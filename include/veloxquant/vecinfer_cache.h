@@ -199,6 +199,7 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
 
  private:
   Tensor dequantized_f32(bool keys) const;  // the two dequantized_*_f32 above
+  Tensor window_rows(bool keys) const;      // window_keys / window_values
   std::optional<CacheState> staged_state_;  // set_state waiting for its set_meta_state
   void check_kv(const TensorView& keys, const TensorView& values) const;
   void append(const TensorView& keys, const TensorView& values);

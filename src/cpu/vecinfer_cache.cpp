@@ -435,27 +435,20 @@ Tensor VecInferKVCache::value_codes() const {
       rows_view(value_codes_, DType::U8, batch_, n_kv_heads_, capacity_, value_pq_.code_bytes, 0, offset_));
 }
 
-Tensor VecInferKVCache::window_keys() const {
-  const int64_t D = config_.head_dim, R = config_.residual_length, rc = residual_count_;
-  Tensor t = Tensor::empty({batch_, n_kv_heads_, rc, D}, config_.storage_dtype);
-  const int es = dtype_size(config_.storage_dtype);
-  if (rc == 0) return t;
-  if (mode_ == CacheMode::MemoryBound)
-    ring_to_linear(ring_keys_.data(), R, offset_ - rc, t.data(), rc, batch_ * n_kv_heads_, rc, D * es);
-  else
-    copy_block_rows(keys_.data(), capacity_, offset_ - rc, t.data(), rc, 0, batch_ * n_kv_heads_, rc, D * es);
-  return t;
-}
+Tensor VecInferKVCache::window_keys() const { return window_rows(true); }
+Tensor VecInferKVCache::window_values() const { return window_rows(false); }
 
-Tensor VecInferKVCache::window_values() const {
+Tensor VecInferKVCache::window_rows(bool keys) const {
   const int64_t D = config_.head_dim, R = config_.residual_length, rc = residual_count_;
   Tensor t = Tensor::empty({batch_, n_kv_heads_, rc, D}, config_.storage_dtype);
   const int es = dtype_size(config_.storage_dtype);
   if (rc == 0) return t;
   if (mode_ == CacheMode::MemoryBound)
-    ring_to_linear(ring_values_.data(), R, offset_ - rc, t.data(), rc, batch_ * n_kv_heads_, rc, D * es);
+    ring_to_linear((keys ? ring_keys_ : ring_values_).data(), R, offset_ - rc, t.data(), rc, batch_ * n_kv_heads_, rc,
+                   D * es);
   else
-    copy_block_rows(values_.data(), capacity_, offset_ - rc, t.data(), rc, 0, batch_ * n_kv_heads_, rc, D * es);
+    copy_block_rows((keys ? keys_ : values_).data(), capacity_, offset_ - rc, t.data(), rc, 0, batch_ * n_kv_heads_, rc,
+                    D * es);
   return t;
 }
 

@@ -78,20 +78,6 @@ std::unique_ptr<Model> load_model(const std::filesystem::path& dir) {
   return Model::load(dir, o);
 }
 
-template <class M>
-std::vector<float> incremental(const M& m, LayerCaches& caches, const std::vector<int32_t>& tokens, int64_t n_prompt,
-                               AttentionPath path = AttentionPath::Auto) {
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.path = path;
-  std::vector<float> all = m.forward(std::span<const int32_t>(tokens.data(), size_t(n_prompt)), caches, fo);
-  for (size_t t = size_t(n_prompt); t < tokens.size(); ++t) {
-    const auto l = m.forward(std::span<const int32_t>(&tokens[t], 1), caches, fo);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
-}
-
 bool all_finite(const std::vector<float>& x) {
   for (float v : x)
     if (!std::isfinite(v)) return false;
@@ -140,14 +126,14 @@ TEST_P(CudaRuntimeCommitted, LogitsMatchTheCpuForwardAndTransformers) {
   ASSERT_GT(n, ref.n_prompt);
 
   LayerCaches cpu_caches = make_caches(*model, fp16_options());
-  const std::vector<float> cpu = incremental(*model, cpu_caches, ref.tokens, ref.n_prompt);
+  const std::vector<float> cpu = vqtest::incremental_logits(*model, cpu_caches, ref.tokens, ref.n_prompt);
 
   CudaModelOptions co;
   co.weights_f32 = true;
   const auto gm = CudaModel::create(*model, co);
   for (AttentionPath path : {AttentionPath::Fused, AttentionPath::Fetch}) {
     LayerCaches gc = make_caches(*model, fp16_options());
-    const std::vector<float> gpu = incremental(*gm, gc, ref.tokens, ref.n_prompt, path);
+    const std::vector<float> gpu = vqtest::incremental_logits(*gm, gc, ref.tokens, ref.n_prompt, path);
     ASSERT_EQ(gpu.size(), cpu.size());
     const ErrStats e = compare_rows(gpu, cpu, V, n);
     const ErrStats h = compare_rows(gpu, ref.logits, V, n);
@@ -169,7 +155,7 @@ TEST_P(CudaRuntimeCommitted, LogitsMatchTheCpuForwardAndTransformers) {
   if (wt != DType::F32) {
     const auto hm = CudaModel::create(*model, CudaModelOptions{});
     LayerCaches gc = make_caches(*model, fp16_options());
-    const std::vector<float> gpu = incremental(*hm, gc, ref.tokens, ref.n_prompt);
+    const std::vector<float> gpu = vqtest::incremental_logits(*hm, gc, ref.tokens, ref.n_prompt);
     const ErrStats e = compare_rows(gpu, cpu, V, n);
     const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, name + " native weights");
     std::printf("[cuda forward] %s %s weights (activations rounded to them): vs CPU max_rel %.2e (bound %.2e), "
@@ -251,13 +237,13 @@ TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
   SCOPED_TRACE("seed " + std::to_string(seed));
 
   LayerCaches cpu_caches = make_caches(*model, fp16_options());
-  const std::vector<float> cpu = incremental(*model, cpu_caches, tokens, n_prompt);
+  const std::vector<float> cpu = vqtest::incremental_logits(*model, cpu_caches, tokens, n_prompt);
   CudaModelOptions co;
   co.weights_f32 = true;
   const auto gm = CudaModel::create(*model, co);
   LayerCaches dev = gm->make_caches(fp16_options());
   ASSERT_TRUE(dev[0]->config().device.is_cuda());
-  const std::vector<float> gpu = incremental(*gm, dev, tokens, n_prompt);
+  const std::vector<float> gpu = vqtest::incremental_logits(*gm, dev, tokens, n_prompt);
   ASSERT_EQ(gpu.size(), cpu.size());
   const ErrStats e = compare_rows(gpu, cpu, V, n);
   const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, GetParam());
@@ -286,19 +272,19 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   o.n_threads = 2;
 
   LayerCaches cpu_caches = make_caches(*model, o);
-  const std::vector<float> cpu = incremental(*model, cpu_caches, tokens, n_prompt);
+  const std::vector<float> cpu = vqtest::incremental_logits(*model, cpu_caches, tokens, n_prompt);
   CudaModelOptions co;
   co.weights_f32 = true;
   const auto gm = CudaModel::create(*model, co);
   LayerCaches dev = gm->make_caches(o);
   ASSERT_TRUE(dev[0]->config().device.is_cuda());
-  const std::vector<float> gpu = incremental(*gm, dev, tokens, n_prompt);
+  const std::vector<float> gpu = vqtest::incremental_logits(*gm, dev, tokens, n_prompt);
   ASSERT_EQ(gpu.size(), cpu.size());
   ASSERT_TRUE(all_finite(gpu));
   const ErrStats e = compare_rows(gpu, cpu, V, n);
   // The same cache without quantization, for scale: how far VQ with random codebooks moves them.
   LayerCaches ref_caches = make_caches(*model, fp16_options());
-  const std::vector<float> exact = incremental(*model, ref_caches, tokens, n_prompt);
+  const std::vector<float> exact = vqtest::incremental_logits(*model, ref_caches, tokens, n_prompt);
   const ErrStats q = compare_rows(cpu, exact, V, n);
   std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, %s codebooks, window 16): vs CPU VecInfer "
               "max_rel %.2e (max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",

@@ -6,9 +6,11 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "veloxquant/runtime/model.h"
 #include "veloxquant/safetensors.h"
 
 namespace vqtest {
@@ -22,6 +24,23 @@ inline std::filesystem::path test_data() {
 }
 inline std::filesystem::path runtime_data() { return test_data() / "runtime"; }
 inline std::filesystem::path tiny_dir(const std::string& name) { return runtime_data() / name; }
+
+/// The prompt in one forward (every position's logits), then one token per forward (HF's
+/// procedure): the logits of all positions, [tokens, vocab]. M: a CPU or CUDA model.
+template <class M>
+std::vector<float> incremental_logits(const M& m, veloxquant::runtime::LayerCaches& caches,
+                                      const std::vector<int32_t>& tokens, int64_t n_prompt,
+                                      veloxquant::runtime::AttentionPath path = veloxquant::runtime::AttentionPath::Auto) {
+  veloxquant::runtime::ForwardOptions fo;
+  fo.all_logits = true;
+  fo.path = path;
+  std::vector<float> all = m.forward(std::span<const int32_t>(tokens.data(), size_t(n_prompt)), caches, fo);
+  for (size_t t = size_t(n_prompt); t < tokens.size(); ++t) {
+    const auto l = m.forward(std::span<const int32_t>(&tokens[t], 1), caches, fo);
+    all.insert(all.end(), l.begin(), l.end());
+  }
+  return all;
+}
 
 /// What tests/runtime/reference_logits.py wrote for one checkpoint.
 struct Reference {

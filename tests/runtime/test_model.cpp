@@ -31,19 +31,6 @@ std::unique_ptr<Model> load(const std::string& name) {
   return Model::load(vqtest::tiny_dir(name), o);
 }
 
-std::vector<float> incremental(const Model& m, LayerCaches& caches, const std::vector<int32_t>& tokens,
-                               int64_t n_prompt, AttentionPath path = AttentionPath::Auto) {
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.path = path;
-  std::vector<float> all = m.forward(std::span<const int32_t>(tokens.data(), size_t(n_prompt)), caches, fo);
-  for (size_t t = size_t(n_prompt); t < tokens.size(); ++t) {
-    const auto l = m.forward(std::span<const int32_t>(&tokens[t], 1), caches, fo);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
-}
-
 std::vector<int32_t> random_tokens(int64_t n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::uniform_int_distribution<int> d(0, vocab - 3);  // no bos/eos
@@ -84,7 +71,7 @@ TEST(RuntimeModel, VecInferWithWindowCoveringEverythingEqualsFp16) {
   CacheOptions fp;
   fp.n_threads = 2;
   LayerCaches c16 = make_caches(*m, fp);
-  const auto l16 = incremental(*m, c16, ref.tokens, ref.n_prompt);
+  const auto l16 = vqtest::incremental_logits(*m, c16, ref.tokens, ref.n_prompt);
   for (CacheMode mode : {CacheMode::Standard, CacheMode::Stash, CacheMode::MemoryBound}) {
     CacheOptions vo;
     vo.kind = CacheKind::VecInfer;
@@ -95,7 +82,7 @@ TEST(RuntimeModel, VecInferWithWindowCoveringEverythingEqualsFp16) {
     vo.seed = 5;
     vo.n_threads = 2;
     LayerCaches cv = make_caches(*m, vo);
-    const auto lv = incremental(*m, cv, ref.tokens, ref.n_prompt);
+    const auto lv = vqtest::incremental_logits(*m, cv, ref.tokens, ref.n_prompt);
     const auto e = vqtest::compare_rows(lv, l16, V, n);
     EXPECT_LE(e.max_rel, 1e-5) << cache_mode_name(mode);
   }
@@ -113,7 +100,7 @@ TEST(RuntimeModel, VecInferCalibratedErrorShrinksWithBitsAllModesAndPaths) {
   CacheOptions fp;
   fp.n_threads = 2;
   LayerCaches c16 = make_caches(*m, fp);
-  const auto l16 = incremental(*m, c16, ref.tokens, ref.n_prompt);
+  const auto l16 = vqtest::incremental_logits(*m, c16, ref.tokens, ref.n_prompt);
   auto nmse = [](const std::vector<float>& a_, const std::vector<float>& b_) {
     double num = 0, den = 0;
     for (size_t i = 0; i < a_.size(); ++i) num += (a_[i] - b_[i]) * double(a_[i] - b_[i]), den += double(b_[i]) * b_[i];
@@ -134,7 +121,7 @@ TEST(RuntimeModel, VecInferCalibratedErrorShrinksWithBitsAllModesAndPaths) {
         vo.residual_length = 4;
         vo.n_threads = 2;
         LayerCaches cv = make_caches(*m, vo, a);
-        const auto lv = incremental(*m, cv, ref.tokens, ref.n_prompt, path);
+        const auto lv = vqtest::incremental_logits(*m, cv, ref.tokens, ref.n_prompt, path);
         for (float x : lv) ASSERT_TRUE(std::isfinite(x));
         results[std::string(cache_mode_name(mode)) + "/" + attention_path_name(path)] = lv;
       }

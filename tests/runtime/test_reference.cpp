@@ -38,20 +38,6 @@ std::unique_ptr<Model> load(const std::string& name) {
   return Model::load(vqtest::tiny_dir(name), o);
 }
 
-// Prompt in one forward (all logits), then one token per forward: HF's procedure.
-std::vector<float> incremental_logits(const Model& m, LayerCaches& caches, const std::vector<int32_t>& tokens,
-                                      int64_t n_prompt, AttentionPath path) {
-  ForwardOptions fo;
-  fo.all_logits = true;
-  fo.path = path;
-  std::vector<float> all = m.forward(std::span<const int32_t>(tokens.data(), size_t(n_prompt)), caches, fo);
-  for (size_t t = size_t(n_prompt); t < tokens.size(); ++t) {
-    const auto l = m.forward(std::span<const int32_t>(&tokens[t], 1), caches, fo);
-    all.insert(all.end(), l.begin(), l.end());
-  }
-  return all;
-}
-
 }  // namespace
 
 class RuntimeReference : public ::testing::TestWithParam<std::string> {};
@@ -95,7 +81,7 @@ TEST_P(RuntimeReference, IncrementalFp16CacheTracksTransformers) {
   co.kind = CacheKind::FP16;
   co.n_threads = 2;
   LayerCaches caches = make_caches(*m, co);
-  const std::vector<float> inc = incremental_logits(*m, caches, ref.tokens, ref.n_prompt, AttentionPath::Auto);
+  const std::vector<float> inc = vqtest::incremental_logits(*m, caches, ref.tokens, ref.n_prompt, AttentionPath::Auto);
   EXPECT_EQ(caches[0]->offset(), n);
   const ErrStats vs_hf = compare_rows(inc, ref.logits, V, n);
   std::printf("[reference] %s fp16 cache, prefill + %lld decode steps: vs HF-f32 max abs %.3g rel %.3g\n",
@@ -120,7 +106,7 @@ TEST_P(RuntimeReference, IncrementalEqualsRecomputeWithSameKvRounding) {
       co.storage_dtype = storage;
       co.n_threads = 2;
       LayerCaches caches = make_caches(*m, co);
-      const std::vector<float> inc = incremental_logits(*m, caches, ref.tokens, ref.n_prompt, path);
+      const std::vector<float> inc = vqtest::incremental_logits(*m, caches, ref.tokens, ref.n_prompt, path);
       const ErrStats e = compare_rows(inc, full, V, n);
       std::printf("[reference] %s %s cache, %s path: incremental vs recompute max rel %.3g\n", GetParam().c_str(),
                   dtype_name(storage), attention_path_name(path), e.max_rel);
