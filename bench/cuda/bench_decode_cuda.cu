@@ -15,7 +15,7 @@
 // Every kernel is validated against the CPU oracle (vecinfer_attention_ref, double) on two
 // (batch, kv head) segments of the very launch configuration that is timed, before timing.
 //
-// Usage: bench_decode_cuda [--peer FILE] [--reps N] [--quick] [--flush clean|dirty|none] (more A/B flags in main)
+// Usage: bench_decode_cuda --help (kUsage, above main)
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -432,6 +432,29 @@ struct Row {
 
 }  // namespace
 
+/// "BxL" as (B, L); (0, 0) when it is not two positive integers around an x.
+static std::pair<int, int> parse_shape(const std::string& s) {
+  int b = 0, l = 0, used = 0;
+  if (std::sscanf(s.c_str(), "%dx%d%n", &b, &l, &used) != 2 || used != int(s.size()) || b <= 0 || l <= 0) return {0, 0};
+  return {b, l};
+}
+
+constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; one table, ratios against --peer)
+  --peer FILE         the peer's times (bench/cuda/peer_sdpa.py --out FILE; scripts/cuda_bench.sh runs both)
+  --reps N            timed calls per row (default 30)
+  --filter TEXT       rows whose name contains TEXT; TEXT$: the one row named TEXT
+  --shape BxL         one shape instead of the three (e.g. 1x131072)
+  --quick             the batch-1 shape only
+  --prefill           only the prefill table
+  --skip-encode, --skip-step          leave out the encode and decode-step tables
+  --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
+  --guard-us US       a GPU spin after each flush (diagnosis)
+  --profile           per-block phase timestamps (diagnosis)
+  --startup-probe     a cold tile's landing at launch (diagnosis)
+  A/B switches: --window-regs --window-last --value-gathers --no-cluster --no-hint --no-rows4 --no-wide
+                --window-weight W (the split planner's weight of a window token)
+)";
+
 int main(int argc, char** argv) {
   std::string peer_path, filter, shape_arg;
   int reps = 30;
@@ -471,6 +494,17 @@ int main(int argc, char** argv) {
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
     else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
+    else if (a == "--help" || a == "-h") {
+      std::fputs(kUsage, stdout);
+      return 0;
+    } else {  // a mistyped A/B flag must not time the default silently
+      std::fprintf(stderr, "bench_decode_cuda: unknown argument '%s' (or a missing value)\n%s", a.c_str(), kUsage);
+      return 2;
+    }
+  }
+  if (!shape_arg.empty() && parse_shape(shape_arg).first <= 0) {
+    std::fprintf(stderr, "bench_decode_cuda: --shape takes BATCHxTOKENS (e.g. 8x32768), not '%s'\n", shape_arg.c_str());
+    return 2;
   }
   // --filter: a trailing '$' asks for the one row of exactly that name ('d4b8/d4b8+i8$' leaves out +i8kv)
   const bool exact = !filter.empty() && filter.back() == '$';
@@ -689,8 +723,7 @@ int main(int argc, char** argv) {
   std::vector<std::pair<int, int>> shapes = quick ? std::vector<std::pair<int, int>>{{1, 131072}}
                                                   : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
   if (!shape_arg.empty()) {
-    const size_t x = shape_arg.find('x');
-    shapes = {{std::atoi(shape_arg.substr(0, x).c_str()), std::atoi(shape_arg.substr(x + 1).c_str())}};
+    shapes = {parse_shape(shape_arg)};
   }
 
   // ---- ceiling per shape: one launch that only reads the d4b8 rows' bytes ---------------------
