@@ -11,6 +11,9 @@
 //   openmp/back_to_back the peer: an OpenMP parallel region of the same width (libgomp also
 //                       spins before it sleeps), when the compiler has OpenMP
 //   spawn/join          the naive alternative: std::thread per task, joined
+//   */busy_machine      back to back while size() other processes spin on the cores: the
+//                       pool's caller runs the tasks itself rather than wait for a worker the
+//                       OS has not scheduled
 //
 // Run: build/bench/bench_pool ; env VQ_BENCH_THREADS (default: all cores).
 #include <benchmark/benchmark.h>
@@ -20,6 +23,10 @@
 #include <cstdlib>
 #include <thread>
 #include <vector>
+
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "veloxquant/cache.h"
 #include "veloxquant/thread_pool.h"
@@ -63,6 +70,45 @@ void BM_pool_after_pause(benchmark::State& state) {
   state.counters["threads"] = p.size();
 }
 
+// size() processes that spin until destroyed: a machine busy with other programs. (Spinning
+// threads of this process do not reproduce it: the scheduler treats them differently.)
+struct BusyMachine {
+  std::vector<pid_t> children;
+  explicit BusyMachine(int n) {
+    for (int i = 0; i < n; ++i) {
+      const pid_t pid = fork();
+      if (pid == 0) {
+        for (uint64_t x = 0;; ++x) asm volatile("" : : "r"(x));  // spin, not optimised away
+      }
+      if (pid > 0) children.push_back(pid);
+    }
+  }
+  ~BusyMachine() {
+    for (pid_t pid : children) kill(pid, SIGKILL);
+    for (pid_t pid : children) waitpid(pid, nullptr, 0);
+  }
+};
+
+void BM_pool_busy_machine(benchmark::State& state) {
+  ThreadPool& p = pool();
+  BusyMachine busy(p.size());
+  for (auto _ : state)
+    p.parallel_for(p.size(), [](int64_t t, int) { g_sink.fetch_add(t, std::memory_order_relaxed); });
+  state.counters["threads"] = p.size();
+}
+
+#if defined(_OPENMP)
+void BM_openmp_busy_machine(benchmark::State& state) {
+  const int n = threads();
+  BusyMachine busy(n);
+  for (auto _ : state) {
+#pragma omp parallel for num_threads(n) schedule(static)
+    for (int t = 0; t < n; ++t) g_sink.fetch_add(t, std::memory_order_relaxed);
+  }
+  state.counters["threads"] = n;
+}
+#endif
+
 #if defined(_OPENMP)
 void BM_openmp_back_to_back(benchmark::State& state) {
   const int n = threads();
@@ -98,5 +144,9 @@ BENCHMARK(BM_pool_after_pause)
 BENCHMARK(BM_openmp_back_to_back)->Name("openmp/back_to_back")->Repetitions(3)->ReportAggregatesOnly(true);
 #endif
 BENCHMARK(BM_spawn_join)->Name("spawn/join")->Repetitions(3)->ReportAggregatesOnly(true);
+BENCHMARK(BM_pool_busy_machine)->Name("pool/busy_machine")->UseRealTime()->Repetitions(3)->ReportAggregatesOnly(true);
+#if defined(_OPENMP)
+BENCHMARK(BM_openmp_busy_machine)->Name("openmp/busy_machine")->UseRealTime()->Repetitions(3)->ReportAggregatesOnly(true);
+#endif
 
 BENCHMARK_MAIN();
