@@ -221,9 +221,9 @@ void FP16KVCache::set_state(const CacheState& state) {
     m["batch"] = std::to_string(k->dim(0));
     m["n_kv_heads"] = std::to_string(k->dim(1));
     m["offset"] = std::to_string(k->dim(2));
-  } else {
-    m["batch"] = "0";
-    m["offset"] = "0";
+  } else {  // std::string(1, '0'), not "0": GCC 12 -O2 warns (-Wrestrict) on that assignment (GCC bug 105329)
+    m["batch"] = std::string(1, '0');
+    m["offset"] = std::string(1, '0');
   }
   restore(state, m);
 }

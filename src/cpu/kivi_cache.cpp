@@ -33,7 +33,14 @@ void KiviConfig::validate() const {
   VQ_CHECK_VALUE(residual_length >= 0, "kivi: residual_length must be >= 0, got " << residual_length);
 }
 
-std::string KiviConfig::str() const { return "b" + std::to_string(bits) + "g" + std::to_string(group_size); }
+std::string KiviConfig::str() const {
+  // appends, not "b" + ...: GCC 12 -O2 warns (-Wrestrict, a false positive: GCC bug 105329) on the operator+ chain
+  std::string s = "b";
+  s += std::to_string(bits);
+  s += 'g';
+  s += std::to_string(group_size);
+  return s;
+}
 
 namespace {
 
