@@ -9,7 +9,15 @@ vq_src_hash() {
     LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-16
 }
 if [[ ${1:-} == --stamp ]]; then vq_src_hash; return 0 2>/dev/null || exit 0; fi
-vq_unpack() { python3 -c "import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2])" "$1" "$2"; }
+vq_unpack() {  # python's tarfile: the machine may have no xz; the 'data' filter where it exists
+  python3 -c "
+import sys, tarfile
+t = tarfile.open(sys.argv[1])
+try:
+    t.extractall(sys.argv[2], filter='data')
+except TypeError:
+    t.extractall(sys.argv[2])" "$1" "$2"
+}
 bundle=.gpu-bundle
 export VQ_TEST_DATA_DIR=$PWD/tests/data PATH=/usr/local/cuda/bin:$PATH
 T= B=
