@@ -52,7 +52,12 @@ std::string printable(const std::string& s, size_t max_len = 80) {
   if (s.size() > max_len) out += "...";
   return out;
 }
-std::string quoted(const std::string& s) { return "'" + printable(s) + "'"; }
+std::string quoted(const std::string& s) {
+  std::string out(1, '\'');  // appends: GCC 12 warns (-Wrestrict, bug 105329) on "'" + ... + "'"
+  out += printable(s);
+  out += '\'';
+  return out;
+}
 
 std::optional<DType> vq_dtype_of(const std::string& s) {
   if (s == "F32") return DType::F32;

@@ -50,7 +50,8 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
     // Characters → initial symbols.
     std::vector<Symbol> sym;
     sym.reserve(word.size());
-    std::optional<int32_t> pending_unk;  // fused unknown run not yet emitted
+    int32_t pending_unk = -1;  // fused unknown run not yet emitted (-1: none; ids are >= 0, and a plain
+                               // int: GCC 12 warns -Wmaybe-uninitialized on an optional here)
     const auto add = [&](int32_t id) {
       const int n = static_cast<int>(sym.size());
       sym.push_back(Symbol{id, n - 1, -1, true});
@@ -71,9 +72,9 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
       first = false;
       auto it = vocab.find(key);
       if (it != vocab.end()) {
-        if (pending_unk) {
-          add(*pending_unk);
-          pending_unk.reset();
+        if (pending_unk >= 0) {
+          add(pending_unk);
+          pending_unk = -1;
         }
         add(it->second);
         continue;
@@ -87,12 +88,12 @@ void Bpe::tokenize(std::string_view word, std::vector<int32_t>& out) const {
         }
       }
       if (unk_id) {
-        if (pending_unk && !fuse_unk) add(*pending_unk);
+        if (pending_unk >= 0 && !fuse_unk) add(pending_unk);
         pending_unk = *unk_id;
       }
       // no unk token: the character is dropped, as in the reference
     }
-    if (pending_unk) add(*pending_unk);
+    if (pending_unk >= 0) add(pending_unk);
 
     // Merges.
     const auto lookup = [&](int32_t a, int32_t b) -> const std::pair<int32_t, int32_t>* {

@@ -465,7 +465,7 @@ void PreTokenizer::apply(std::vector<Piece>& pieces) const {
         break;
       }
       case Kind::ByteLevel: {
-        if (add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, " ");
+        if (add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(p.text.begin(), ' ');
         std::vector<Piece> words;
         if (regex)
           split_piece(p, regex->find_all(p.text), false, SplitBehavior::Isolated, words);
