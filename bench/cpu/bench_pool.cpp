@@ -25,6 +25,7 @@
 #include <vector>
 
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -75,9 +76,12 @@ void BM_pool_after_pause(benchmark::State& state) {
 struct BusyMachine {
   std::vector<pid_t> children;
   explicit BusyMachine(int n) {
+    const pid_t parent = getpid();
     for (int i = 0; i < n; ++i) {
       const pid_t pid = fork();
       if (pid == 0) {
+        prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the bench, however that ends
+        if (getppid() != parent) _exit(0);
         for (uint64_t x = 0;; ++x) asm volatile("" : : "r"(x));  // spin, not optimised away
       }
       if (pid > 0) children.push_back(pid);
