@@ -20,6 +20,8 @@ except TypeError:
 }
 bundle=.gpu-bundle
 export VQ_TEST_DATA_DIR=$PWD/tests/data PATH=/usr/local/cuda/bin:$PATH
+# the bundled programs need cuBLAS: the toolkit's, wherever this machine keeps it
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 T= B=
 if [[ -f $bundle/bins.tar.xz && "$(vq_src_hash)" == "$(cat $bundle/bins.stamp)" ]]; then
   vq_unpack $bundle/bins.tar.xz $bundle/prebuilt
@@ -28,6 +30,7 @@ if [[ -f $bundle/bins.tar.xz && "$(vq_src_hash)" == "$(cat $bundle/bins.stamp)" 
     echo "gpu_prepare: the bundled programs"
   else
     echo "gpu_prepare: the bundled programs do not start here:"; head -3 $bundle/prebuilt.err
+    ldd $bundle/prebuilt/tests/vq_test_cuda 2>&1 | grep "not found"
   fi
 else
   echo "gpu_prepare: no bundled programs built from these sources"
