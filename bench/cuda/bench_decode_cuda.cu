@@ -456,7 +456,8 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
 )";
 
 int main(int argc, char** argv) {
-  std::string peer_path, filter, shape_arg;
+  std::string peer_path, filter;
+  std::pair<int, int> shape_opt{0, 0};  // --shape, parsed (0, 0: the default shapes)
   int reps = 30;
   int window_weight = 0;  // 0: the library default
   Flush::Mode flush_mode = Flush::kClean;
@@ -469,7 +470,13 @@ int main(int argc, char** argv) {
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
     else if (a == "--reps" && i + 1 < argc) reps = std::atoi(argv[++i]);
     else if (a == "--filter" && i + 1 < argc) filter = argv[++i];     // rows whose name contains it; TEXT$: the one row named TEXT
-    else if (a == "--shape" && i + 1 < argc) shape_arg = argv[++i];   // e.g. 1x16384
+    else if (a == "--shape" && i + 1 < argc) {  // e.g. 1x16384
+      shape_opt = parse_shape(argv[++i]);
+      if (shape_opt.first <= 0) {
+        std::fprintf(stderr, "bench_decode_cuda: --shape takes BATCHxTOKENS (e.g. 8x32768), not '%s'\n", argv[i]);
+        return 2;
+      }
+    }
     else if (a == "--quick") quick = true;
     else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
     else if (a == "--skip-encode") skip_encode = true;
@@ -501,10 +508,6 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "bench_decode_cuda: unknown argument '%s' (or a missing value)\n%s", a.c_str(), kUsage);
       return 2;
     }
-  }
-  if (!shape_arg.empty() && parse_shape(shape_arg).first <= 0) {
-    std::fprintf(stderr, "bench_decode_cuda: --shape takes BATCHxTOKENS (e.g. 8x32768), not '%s'\n", shape_arg.c_str());
-    return 2;
   }
   // --filter: a trailing '$' asks for the one row of exactly that name ('d4b8/d4b8+i8$' leaves out +i8kv)
   const bool exact = !filter.empty() && filter.back() == '$';
@@ -722,8 +725,8 @@ int main(int argc, char** argv) {
                                                                      : read_peer(peer_path, "PEER");
   std::vector<std::pair<int, int>> shapes = quick ? std::vector<std::pair<int, int>>{{1, 131072}}
                                                   : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
-  if (!shape_arg.empty()) {
-    shapes = {parse_shape(shape_arg)};
+  if (shape_opt.first > 0) {
+    shapes = {shape_opt};
   }
 
   // ---- ceiling per shape: one launch that only reads the d4b8 rows' bytes ---------------------
