@@ -17,6 +17,7 @@
 // Counters: bytes held (nbytes), bytes read per call, achieved GB/s.
 //
 // Run: build-b/bench/bench_decode [--benchmark_filter=...] ; env VQ_BENCH_TOKENS, VQ_BENCH_THREADS,
+// VQ_BENCH_KV_HEADS (default 8),
 // VQ_BENCH_KEY_SPEC / VQ_BENCH_VALUE_SPEC (e.g. d4b12 / d8b8, the cache defaults; default d4b8).
 #include <benchmark/benchmark.h>
 
@@ -42,7 +43,10 @@ using namespace veloxquant;
 
 namespace {
 
-constexpr int kHeads = 32, kKvHeads = 8, kHeadDim = 128;
+constexpr int kHeads = 32, kHeadDim = 128;
+// kv heads: 8 (Llama-3.1-8B, GQA group 4) unless VQ_BENCH_KV_HEADS says otherwise (4: group 8,
+// as Llama-3-70B's; 32: MHA)
+int kKvHeads = 8;
 
 int64_t env_int(const char* name, int64_t def) {
   const char* s = std::getenv(name);
@@ -62,6 +66,11 @@ Setup& setup() {
   static Setup s = [] {
     Setup st;
     st.tokens = env_int("VQ_BENCH_TOKENS", 32768);
+    kKvHeads = int(env_int("VQ_BENCH_KV_HEADS", 8));
+    if (kKvHeads < 1 || kHeads % kKvHeads != 0) {
+      std::fprintf(stderr, "VQ_BENCH_KV_HEADS=%d: must divide the %d query heads\n", kKvHeads, kHeads);
+      std::exit(2);
+    }
     st.threads = int(env_int("VQ_BENCH_THREADS", std::max(1u, std::thread::hardware_concurrency())));
     std::mt19937_64 rng(42);
     std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -66,11 +66,12 @@ struct DenseSource {
 /// Scratch for one unit, grown as needed and kept per thread (the pool's threads persist, so
 /// decode calls allocate nothing after the first).
 struct UnitScratch {
-  AlignedBuf scores;  // [chunk, 4] interleaved scores / probabilities
-  AlignedBuf tmp;     // a few rows of head_dim
-  AlignedBuf lut;     // [n_sub, n_centroids, 4] key lookup table (VecInfer)
-  AlignedBuf hist;    // [n_sub, n_centroids, 4] value weight histogram (VecInfer)
-  AlignedBuf tile;    // decoded rows (VecInfer dequant paths)
+  AlignedBuf scores;   // [chunk, 4] interleaved scores / probabilities ([chunk, 8]: two row blocks)
+  AlignedBuf scores2;  // two row blocks' own [chunk, 4] scores (VecInfer)
+  AlignedBuf tmp;      // a few rows of head_dim
+  AlignedBuf lut;      // [n_sub, n_centroids, 4 or 8] key lookup table (VecInfer)
+  AlignedBuf hist;     // [n_sub, n_centroids, 4 or 8] value weight histogram (VecInfer)
+  AlignedBuf tile;     // decoded rows (VecInfer dequant paths)
   std::vector<uint16_t> idx;  // unpacked codes
 };
 UnitScratch& thread_scratch();

@@ -10,7 +10,7 @@
 //     LUT4[m][c][r] = q̃_r[m·d:(m+1)·d] · C_k[c]   ([n_sub, n_centroids, 4] f32)
 //     score[t][r]  = Σ_m LUT4[m][code_{t,m}][r]   — one 16-byte load serves all 4 rows.
 //   The table (128 KiB for d4b8) exceeds L1, so the m loop is blocked: MB sub-vectors whose
-//   slices fit 32 KiB are done for 512 tokens before the next MB (scores accumulate in place).
+//   slices fit 32 KiB are done for 1024 tokens before the next MB (scores accumulate in place).
 //   Dequant path (otherwise, e.g. the default 12-bit keys, whose LUT would be 2 MiB): each
 //   16-float slice of K̃_t is assembled in a register from 4 (d4) or 2 (d8) codebook rows and
 //   dotted with the 4 rows, two tokens at a time (AVX-512; scalar elsewhere). A key codebook
@@ -25,12 +25,21 @@
 //   Dequant path (otherwise): o[r] += p[t][r]·V̂_t, 64 dims x 4 rows in registers (AVX-512).
 // Window piece: dense_partial over the exact rows with the untransformed q (scale·q·K̂).
 //
-// The LUT build and histogram reduction use a codebook re-laid out as CX[e][c][4] (C[c][e]
-// repeated over the 4 lanes), so 4 centroids × 4 rows are one 16-float vector.
+// Paired row blocks: where row blocks 2i and 2i+1 of one (batch, kv head) both have a coded unit
+// over the same tokens (GQA groups of 5 to 8 at decode, neighbouring queries of a prefill chunk),
+// one task does both with W = 8 lanes: LUT8 / T8 tables [n_sub, n_centroids, 8] (one 32-byte
+// access per token and sub-vector serves 8 rows; slices of up to 64 KiB) and 8-row dequant
+// kernels (each assembled slice feeds 8 FMAs; values in 32-dim groups). Each block keeps its
+// own scores [n, 4], softmax and partial; the 8-lane tables read and write them interleaved.
+//
+// The LUT build and histogram reduction use a codebook re-laid out as CX[e][c][W] (C[c][e]
+// repeated over the W lanes), so 16 / W centroids × W rows are one 16-float vector.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <utility>
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
@@ -59,250 +68,323 @@ constexpr int kMaxLutBits = 9;
 constexpr int kMaxTableBits = 8;
 constexpr size_t kL1Slice = 32 * 1024;   // bytes of table slice per m block
 
-// ---- 4-lane float vector: SSE where present, plain floats elsewhere ----------------------------
+// ---- W-lane float vectors: W = 4 lanes are the rows of one row block, W = 8 of two ----------
+// (two row blocks of one GQA group over the same tokens: groups of 5 to 8 query heads, or
+// neighbouring queries of a prefill chunk, so every code and table read serves 8 rows).
+// SSE / AVX where present, plain floats elsewhere.
+template <int W>
+struct Lanes;
+template <>
+struct Lanes<4> {
 #if defined(__SSE2__)
-using F4 = __m128;
-inline F4 f4_load(const float* p) { return _mm_loadu_ps(p); }
-inline void f4_store(float* p, F4 x) { _mm_storeu_ps(p, x); }
-inline F4 f4_add(F4 a, F4 b) { return _mm_add_ps(a, b); }
-inline F4 f4_zero() { return _mm_setzero_ps(); }
+  using V = __m128;
+  static V load(const float* p) { return _mm_loadu_ps(p); }
+  static void store(float* p, V x) { _mm_storeu_ps(p, x); }
+  static V add(V a, V b) { return _mm_add_ps(a, b); }
+  static V zero() { return _mm_setzero_ps(); }
 #else
-struct F4 {
-  float v[4];
-};
-inline F4 f4_load(const float* p) { return {{p[0], p[1], p[2], p[3]}}; }
-inline void f4_store(float* p, F4 x) { std::memcpy(p, x.v, 16); }
-inline F4 f4_add(F4 a, F4 b) { return {{a.v[0] + b.v[0], a.v[1] + b.v[1], a.v[2] + b.v[2], a.v[3] + b.v[3]}}; }
-inline F4 f4_zero() { return {{0, 0, 0, 0}}; }
+  struct V {
+    float v[4];
+  };
+  static V load(const float* p) { return {{p[0], p[1], p[2], p[3]}}; }
+  static void store(float* p, V x) { std::memcpy(p, x.v, 16); }
+  static V add(V a, V b) { return {{a.v[0] + b.v[0], a.v[1] + b.v[1], a.v[2] + b.v[2], a.v[3] + b.v[3]}}; }
+  static V zero() { return {{0, 0, 0, 0}}; }
 #endif
+};
+template <>
+struct Lanes<8> {
+#if defined(__AVX__)
+  using V = __m256;
+  static V load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, V x) { _mm256_storeu_ps(p, x); }
+  static V add(V a, V b) { return _mm256_add_ps(a, b); }
+  static V zero() { return _mm256_setzero_ps(); }
+#else
+  using H = Lanes<4>;
+  struct V {
+    H::V lo, hi;
+  };
+  static V load(const float* p) { return {H::load(p), H::load(p + 4)}; }
+  static void store(float* p, V x) { H::store(p, x.lo), H::store(p + 4, x.hi); }
+  static V add(V a, V b) { return {H::add(a.lo, b.lo), H::add(a.hi, b.hi)}; }
+  static V zero() { return {H::zero(), H::zero()}; }
+#endif
+};
 
 // ---- LUT scores and histogram, blocked over m ----------------------------------------------
 // idx: codes of n tokens, row stride istride (bytes for I = uint8_t, entries for uint16_t).
-// NC > 0: the centroid count as a compile-time constant (table offsets become displacements,
-// which frees the registers the runtime offsets would take); NC == 0: nc at run time.
-template <int MB, int NC, typename I>
-void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* lut, float* S4) {
+// Tables are [n_sub, nc, W], scores / weights [n, W]. NC > 0: the centroid count as a
+// compile-time constant (table offsets become displacements, which frees the registers the
+// runtime offsets would take); NC == 0: nc at run time.
+template <int W, int MB, int NC, typename I>
+void lut_scores_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* lut, float* S) {
+  using L = Lanes<W>;
   const size_t nc = NC > 0 ? size_t(NC) : size_t(nc_rt);
   for (int m0 = 0; m0 < n_sub; m0 += MB) {
-    const float* L = lut + size_t(m0) * nc * 4;
+    const float* T = lut + size_t(m0) * nc * W;
     for (int64_t t = 0; t < n; ++t) {
       const I* c = idx + t * istride + m0;
-      F4 a0 = f4_load(S4 + 4 * t), a1 = f4_zero();
+      auto a0 = L::load(S + W * t), a1 = L::zero();
       if constexpr (MB == 1) {
-        a0 = f4_add(a0, f4_load(L + size_t(c[0]) * 4));
+        a0 = L::add(a0, L::load(T + size_t(c[0]) * W));
       } else {
         for (int k = 0; k < MB; k += 2) {
-          a0 = f4_add(a0, f4_load(L + size_t(k) * nc * 4 + size_t(c[k]) * 4));
-          a1 = f4_add(a1, f4_load(L + size_t(k + 1) * nc * 4 + size_t(c[k + 1]) * 4));
+          a0 = L::add(a0, L::load(T + size_t(k) * nc * W + size_t(c[k]) * W));
+          a1 = L::add(a1, L::load(T + size_t(k + 1) * nc * W + size_t(c[k + 1]) * W));
         }
       }
-      f4_store(S4 + 4 * t, f4_add(a0, a1));
+      L::store(S + W * t, L::add(a0, a1));
     }
   }
 }
 
-template <int MB, int NC, typename I>
-void hist_add_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* P4, float* T4) {
+template <int W, int MB, int NC, typename I>
+void hist_add_t(const I* idx, int64_t istride, int64_t n, int n_sub, int nc_rt, const float* P, float* T4) {
+  using L = Lanes<W>;
   const size_t nc = NC > 0 ? size_t(NC) : size_t(nc_rt);
   for (int m0 = 0; m0 < n_sub; m0 += MB) {
-    float* T = T4 + size_t(m0) * nc * 4;
+    float* T = T4 + size_t(m0) * nc * W;
     for (int64_t t = 0; t < n; ++t) {
       const I* c = idx + t * istride + m0;
-      const F4 p = f4_load(P4 + 4 * t);
+      const auto p = L::load(P + W * t);
       for (int k = 0; k < MB; ++k) {
-        float* d = T + size_t(k) * nc * 4 + size_t(c[k]) * 4;  // k·nc·4: a displacement when NC > 0
-        f4_store(d, f4_add(f4_load(d), p));
+        float* d = T + size_t(k) * nc * W + size_t(c[k]) * W;  // k·nc·W: a displacement when NC > 0
+        L::store(d, L::add(L::load(d), p));
       }
     }
   }
 }
 
-// The hot case (8-bit codes, 256 centroids, 8 sub-vectors per block): the 8 codes of a block
-// come from one 64-bit load and each byte offset (code·16) is extracted with a shift and a
-// mask, so a read-modify-write costs 4 µops (shift, and, load+add, store) with the table
-// slice's base as a displacement.
-inline void hist_add_b8_256_mb8(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* P4,
-                                float* T4) {
-  for (int m0 = 0; m0 < n_sub; m0 += 8) {
-    char* T = reinterpret_cast<char*>(T4 + size_t(m0) * 256 * 4);
+// The hot case (8-bit codes, 256 centroids, MB sub-vectors per block): the MB codes of a block
+// come from one load and each byte offset (code·W·4) is extracted with a shift and a mask, so
+// a table access costs a shift, an and and the load (plus the store for the histogram), with
+// the table slice's base as a displacement.
+template <int W, int K>
+inline uint64_t b8_offset(uint64_t x) {
+  constexpr int sh = W == 4 ? 4 : 5;  // log2 of the bytes per centroid entry (W floats)
+  constexpr uint64_t mask = uint64_t(0xFF) << sh;
+  if constexpr (8 * K >= sh) return (x >> (8 * K - sh)) & mask;
+  else return (x << (sh - 8 * K)) & mask;
+}
+
+// MB codes from one load: MB <= 8 bytes at p, as a little-endian integer.
+template <int MB>
+inline uint64_t load_codes(const uint8_t* p) {
+  uint64_t x = 0;
+  std::memcpy(&x, p, MB);
+  return x;
+}
+
+// fn(integral_constant<int, K>) for K = 0 .. N-1, in order.
+template <int N, typename Fn>
+inline void unrolled(Fn&& fn) {
+  [&]<int... K>(std::integer_sequence<int, K...>) { (fn(std::integral_constant<int, K>{}), ...); }(
+      std::make_integer_sequence<int, N>{});
+}
+
+template <int W, int MB>
+inline void hist_add_b8_256(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* P, float* T4) {
+  using L = Lanes<W>;
+  constexpr int slice = 256 * W * 4;  // bytes of one sub-vector's table
+  constexpr int G8 = MB >= 8 ? 8 : MB;  // codes per load
+  for (int m0 = 0; m0 < n_sub; m0 += MB) {
+    char* T = reinterpret_cast<char*>(T4 + size_t(m0) * 256 * W);
     for (int64_t t = 0; t < n; ++t) {
-      uint64_t x;
-      std::memcpy(&x, idx + t * istride + m0, 8);
-      const F4 p = f4_load(P4 + 4 * t);
-      auto rmw = [&](int k, uint64_t off) {
-        float* d = reinterpret_cast<float*>(T + k * 4096 + off);
-        f4_store(d, f4_add(f4_load(d), p));
-      };
-      rmw(0, (x << 4) & 0xFF0);
-      rmw(1, (x >> 4) & 0xFF0);
-      rmw(2, (x >> 12) & 0xFF0);
-      rmw(3, (x >> 20) & 0xFF0);
-      rmw(4, (x >> 28) & 0xFF0);
-      rmw(5, (x >> 36) & 0xFF0);
-      rmw(6, (x >> 44) & 0xFF0);
-      rmw(7, (x >> 52) & 0xFF0);
+      const uint8_t* c = idx + t * istride + m0;
+      const auto p = L::load(P + W * t);
+      unrolled<MB / G8>([&](auto g) {
+        const uint64_t x = load_codes<G8>(c + g.value * G8);
+        unrolled<G8>([&](auto k) {
+          float* d = reinterpret_cast<float*>(T + (g.value * G8 + k.value) * slice + b8_offset<W, k.value>(x));
+          L::store(d, L::add(L::load(d), p));
+        });
+      });
     }
   }
 }
 
-inline void lut_scores_b8_256_mb8(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* lut,
-                                  float* S4) {
-  for (int m0 = 0; m0 < n_sub; m0 += 8) {
-    const char* L = reinterpret_cast<const char*>(lut + size_t(m0) * 256 * 4);
+template <int W, int MB>
+inline void lut_scores_b8_256(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* lut, float* S) {
+  using L = Lanes<W>;
+  constexpr int slice = 256 * W * 4;
+  for (int m0 = 0; m0 < n_sub; m0 += MB) {
+    const char* T = reinterpret_cast<const char*>(lut + size_t(m0) * 256 * W);
     int64_t t = 0;
 #if defined(__AVX__)
-    // Two tokens per 256-bit vector (token t in the low half, t+1 in the high half): half the
-    // adds and a shorter dependency chain per token.
-    for (; t + 2 <= n; t += 2) {
-      uint64_t x, y;
-      std::memcpy(&x, idx + t * istride + m0, 8);
-      std::memcpy(&y, idx + (t + 1) * istride + m0, 8);
-      auto at = [&](int k, uint64_t ox, uint64_t oy) {
-        const __m128 lo = _mm_loadu_ps(reinterpret_cast<const float*>(L + k * 4096 + ox));
-        const __m128 hi = _mm_loadu_ps(reinterpret_cast<const float*>(L + k * 4096 + oy));
-        return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-      };
-      __m256 a0 = _mm256_add_ps(_mm256_loadu_ps(S4 + 4 * t), at(0, (x << 4) & 0xFF0, (y << 4) & 0xFF0));
-      __m256 a1 = at(1, (x >> 4) & 0xFF0, (y >> 4) & 0xFF0);
-      a0 = _mm256_add_ps(a0, at(2, (x >> 12) & 0xFF0, (y >> 12) & 0xFF0));
-      a1 = _mm256_add_ps(a1, at(3, (x >> 20) & 0xFF0, (y >> 20) & 0xFF0));
-      a0 = _mm256_add_ps(a0, at(4, (x >> 28) & 0xFF0, (y >> 28) & 0xFF0));
-      a1 = _mm256_add_ps(a1, at(5, (x >> 36) & 0xFF0, (y >> 36) & 0xFF0));
-      a0 = _mm256_add_ps(a0, at(6, (x >> 44) & 0xFF0, (y >> 44) & 0xFF0));
-      a1 = _mm256_add_ps(a1, at(7, (x >> 52) & 0xFF0, (y >> 52) & 0xFF0));
-      _mm256_storeu_ps(S4 + 4 * t, _mm256_add_ps(a0, a1));
+    if constexpr (W == 4 && MB <= 8) {
+      // Two tokens per 256-bit vector (token t in the low half, t+1 in the high half): half the
+      // adds and a shorter dependency chain per token.
+      for (; t + 2 <= n; t += 2) {
+        uint64_t x = 0, y = 0;
+        std::memcpy(&x, idx + t * istride + m0, MB);
+        std::memcpy(&y, idx + (t + 1) * istride + m0, MB);
+        auto at = [&](auto k) {
+          const char* base = T + k.value * slice;
+          const __m128 lo = _mm_loadu_ps(reinterpret_cast<const float*>(base + b8_offset<4, k.value>(x)));
+          const __m128 hi = _mm_loadu_ps(reinterpret_cast<const float*>(base + b8_offset<4, k.value>(y)));
+          return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+        };
+        __m256 a0 = _mm256_loadu_ps(S + 4 * t), a1 = _mm256_setzero_ps();
+        unrolled<MB>([&](auto k) {
+          if constexpr (k.value % 2 == 0) a0 = _mm256_add_ps(a0, at(k));
+          else if constexpr (k.value == 1) a1 = at(k);
+          else a1 = _mm256_add_ps(a1, at(k));
+        });
+        _mm256_storeu_ps(S + 4 * t, _mm256_add_ps(a0, a1));
+      }
     }
 #endif
+    constexpr int G8 = MB >= 8 ? 8 : MB;  // codes per load
     for (; t < n; ++t) {
-      uint64_t x;
-      std::memcpy(&x, idx + t * istride + m0, 8);
-      auto at = [&](int k, uint64_t off) { return f4_load(reinterpret_cast<const float*>(L + k * 4096 + off)); };
-      F4 a0 = f4_add(f4_load(S4 + 4 * t), at(0, (x << 4) & 0xFF0));
-      F4 a1 = at(1, (x >> 4) & 0xFF0);
-      a0 = f4_add(a0, at(2, (x >> 12) & 0xFF0));
-      a1 = f4_add(a1, at(3, (x >> 20) & 0xFF0));
-      a0 = f4_add(a0, at(4, (x >> 28) & 0xFF0));
-      a1 = f4_add(a1, at(5, (x >> 36) & 0xFF0));
-      a0 = f4_add(a0, at(6, (x >> 44) & 0xFF0));
-      a1 = f4_add(a1, at(7, (x >> 52) & 0xFF0));
-      f4_store(S4 + 4 * t, f4_add(a0, a1));
+      const uint8_t* c = idx + t * istride + m0;
+      auto a0 = L::load(S + W * t), a1 = L::zero();
+      unrolled<MB / G8>([&](auto g) {
+        const uint64_t x = load_codes<G8>(c + g.value * G8);
+        unrolled<G8>([&](auto k) {
+          const auto v = L::load(reinterpret_cast<const float*>(T + (g.value * G8 + k.value) * slice +
+                                                                b8_offset<W, k.value>(x)));
+          if constexpr (k.value % 2 == 0) a0 = L::add(a0, v);
+          else if constexpr (g.value == 0 && k.value == 1) a1 = v;
+          else a1 = L::add(a1, v);
+        });
+      });
+      L::store(S + W * t, L::add(a0, a1));
     }
   }
 }
 
-// Largest m block (8, 4, 2, 1) dividing n_sub whose table slice fits kL1Slice.
-int pick_mb(int n_sub, int nc) {
+// Largest m block (8, 4, 2, 1) dividing n_sub whose table slice (mb · nc · W floats) fits
+// kL1Slice · W / 4: 32 KiB for one row block's tables, 64 KiB for two (an 8-lane table slice of
+// 8 sub-vectors in L2 beat 4 in L1 with the [n, 8] scores streamed twice as often: d4b8/d4b8 at
+// group 8, 32768 tokens, one thread: 4.86 ms against 5.59; 16 or 32 key sub-vectors a slice were
+// within noise of 8, value slices of 16 or 32 slower, 5.7 and 6.5 ms).
+int pick_mb(int n_sub, int nc, int W) {
   for (int mb : {8, 4, 2}) {
-    if (n_sub % mb == 0 && size_t(mb) * nc * 16 <= kL1Slice) return mb;
+    if (n_sub % mb == 0 && size_t(mb) * nc * W * 4 <= kL1Slice * size_t(W) / 4) return mb;
   }
   return 1;
 }
 
-template <int NC, typename I>
-void lut_scores_nc(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
-  switch (mb) {
-    case 8: lut_scores_t<8, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
-    case 4: lut_scores_t<4, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
-    case 2: lut_scores_t<2, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
-    default: lut_scores_t<1, NC>(idx, istride, n, n_sub, nc, lut, S4); break;
+// The two table passes, as kernel families for table_pass: `generic` for any code type and
+// centroid count, `hot` for bytes and 256 centroids. Both read `in` ([n_sub, nc, W] LUT /
+// [n, W] weights) and accumulate into `out` ([n, W] scores / [n_sub, nc, W] histogram).
+struct LutPass {
+  template <int W, int MB, int NC, typename I>
+  static void generic(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* in, float* out) {
+    lut_scores_t<W, MB, NC>(idx, istride, n, n_sub, nc, in, out);
   }
-}
+  template <int W, int MB>
+  static void hot(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* in, float* out) {
+    lut_scores_b8_256<W, MB>(idx, istride, n, n_sub, in, out);
+  }
+};
+struct HistPass {
+  template <int W, int MB, int NC, typename I>
+  static void generic(const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* in, float* out) {
+    hist_add_t<W, MB, NC>(idx, istride, n, n_sub, nc, in, out);
+  }
+  template <int W, int MB>
+  static void hot(const uint8_t* idx, int64_t istride, int64_t n, int n_sub, const float* in, float* out) {
+    hist_add_b8_256<W, MB>(idx, istride, n, n_sub, in, out);
+  }
+};
 
-template <typename I>
-void lut_scores(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* lut, float* S4) {
+// K's kernel for the run-time m block and centroid count (the key LUT has at most
+// 2^kMaxLutBits = 512 centroids, the histogram 256: only 256 is a compile-time constant).
+template <typename K, int W, typename I>
+void table_pass(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* in, float* out) {
   if constexpr (std::is_same_v<I, uint8_t>) {
-    if (nc == 256 && mb == 8) return lut_scores_b8_256_mb8(idx, istride, n, n_sub, lut, S4);
+    if (nc == 256 && mb == 8) return K::template hot<W, 8>(idx, istride, n, n_sub, in, out);
+    if (nc == 256 && mb == 4) return K::template hot<W, 4>(idx, istride, n, n_sub, in, out);
   }
-  switch (nc) {
-    case 256: return lut_scores_nc<256>(mb, idx, istride, n, n_sub, nc, lut, S4);
-    case 1024: return lut_scores_nc<1024>(mb, idx, istride, n, n_sub, nc, lut, S4);
-    case 4096: return lut_scores_nc<4096>(mb, idx, istride, n, n_sub, nc, lut, S4);
-    default: return lut_scores_nc<0>(mb, idx, istride, n, n_sub, nc, lut, S4);
-  }
+  auto with_nc = [&]<int NC>() {
+    switch (mb) {
+      case 8: return K::template generic<W, 8, NC>(idx, istride, n, n_sub, nc, in, out);
+      case 4: return K::template generic<W, 4, NC>(idx, istride, n, n_sub, nc, in, out);
+      case 2: return K::template generic<W, 2, NC>(idx, istride, n, n_sub, nc, in, out);
+      default: return K::template generic<W, 1, NC>(idx, istride, n, n_sub, nc, in, out);
+    }
+  };
+  if (nc == 256) return with_nc.template operator()<256>();
+  return with_nc.template operator()<0>();
 }
 
-template <int NC, typename I>
-void hist_add_nc(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
-  switch (mb) {
-    case 8: hist_add_t<8, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
-    case 4: hist_add_t<4, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
-    case 2: hist_add_t<2, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
-    default: hist_add_t<1, NC>(idx, istride, n, n_sub, nc, P4, T4); break;
-  }
-}
-
-template <typename I>
-void hist_add(int mb, const I* idx, int64_t istride, int64_t n, int n_sub, int nc, const float* P4, float* T4) {
-  if constexpr (std::is_same_v<I, uint8_t>) {
-    if (nc == 256 && mb == 8) return hist_add_b8_256_mb8(idx, istride, n, n_sub, P4, T4);
-  }
-  switch (nc) {
-    case 256: return hist_add_nc<256>(mb, idx, istride, n, n_sub, nc, P4, T4);
-    case 1024: return hist_add_nc<1024>(mb, idx, istride, n, n_sub, nc, P4, T4);
-    case 4096: return hist_add_nc<4096>(mb, idx, istride, n, n_sub, nc, P4, T4);
-    default: return hist_add_nc<0>(mb, idx, istride, n, n_sub, nc, P4, T4);
-  }
-}
-
-// ---- tables from the expanded codebook CX[e][c][4] ---------------------------------------------
-// lut[m][c][r] = Σ_e qt[r][m·d + e] · C[c][e]
-void build_lut(const float* CX, int d, int n_sub, int nc, const float* qt, int64_t D, float* lut) {
+// ---- tables from the expanded codebook CX[e][c][W] ---------------------------------------------
+// lut[m][c][r] = Σ_e q[r][m·d + e] · C[c][e]   (q: W row pointers)
+template <int W>
+void build_lut(const float* CX, int d, int n_sub, int nc, const float* const* q, float* lut) {
   for (int m = 0; m < n_sub; ++m) {
-    float* L = lut + size_t(m) * nc * 4;
+    float* L = lut + size_t(m) * nc * W;
 #if defined(__AVX512F__)
-    if (nc % 4 == 0) {
+    constexpr int CPV = 16 / W;  // centroids per 16-float vector
+    if (nc % CPV == 0) {
       __m512 qp[16];
-      for (int e = 0; e < d; ++e)
-        qp[e] = _mm512_broadcast_f32x4(_mm_setr_ps(qt[m * d + e], qt[D + m * d + e], qt[2 * D + m * d + e],
-                                                   qt[3 * D + m * d + e]));
-      for (int c = 0; c < nc; c += 4) {
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(CX + size_t(c) * 4), qp[0]);
-        for (int e = 1; e < d; ++e) acc = _mm512_fmadd_ps(_mm512_loadu_ps(CX + (size_t(e) * nc + c) * 4), qp[e], acc);
-        _mm512_storeu_ps(L + size_t(c) * 4, acc);
+      for (int e = 0; e < d; ++e) {
+        alignas(32) float v[W];
+        for (int r = 0; r < W; ++r) v[r] = q[r][m * d + e];
+        if constexpr (W == 4) {
+          qp[e] = _mm512_broadcast_f32x4(_mm_load_ps(v));
+        } else {
+          const __m512 x = _mm512_castps256_ps512(_mm256_load_ps(v));
+          qp[e] = _mm512_shuffle_f32x4(x, x, 0x44);
+        }
+      }
+      for (int c = 0; c < nc; c += CPV) {
+        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(CX + size_t(c) * W), qp[0]);
+        for (int e = 1; e < d; ++e) acc = _mm512_fmadd_ps(_mm512_loadu_ps(CX + (size_t(e) * nc + c) * W), qp[e], acc);
+        _mm512_storeu_ps(L + size_t(c) * W, acc);
       }
       continue;
     }
 #endif
     for (int c = 0; c < nc; ++c)
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < W; ++r) {
         float acc = 0.0f;
-        for (int e = 0; e < d; ++e) acc += qt[r * D + m * d + e] * CX[(size_t(e) * nc + c) * 4];
-        L[size_t(c) * 4 + r] = acc;
+        for (int e = 0; e < d; ++e) acc += q[r][m * d + e] * CX[(size_t(e) * nc + c) * W];
+        L[size_t(c) * W + r] = acc;
       }
   }
 }
 
-// o[r][m·d + e] += Σ_c T4[m][c][r] · C[c][e]
-void reduce_hist(const float* CX, int d, int n_sub, int nc, const float* T4, int64_t D, float* o) {
+// o[r][m·d + e] += Σ_c T[m][c][r] · C[c][e]   (o: W row pointers)
+template <int W>
+void reduce_hist(const float* CX, int d, int n_sub, int nc, const float* T4, float* const* o) {
   for (int m = 0; m < n_sub; ++m) {
-    const float* T = T4 + size_t(m) * nc * 4;
+    const float* T = T4 + size_t(m) * nc * W;
 #if defined(__AVX512F__)
-    if (nc % 4 == 0) {
+    constexpr int CPV = 16 / W;
+    if (nc % CPV == 0) {
       for (int e = 0; e < d; ++e) {
-        const float* C = CX + size_t(e) * nc * 4;
+        const float* C = CX + size_t(e) * nc * W;
         __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
         int c = 0;
-        for (; c + 8 <= nc; c += 8) {
-          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * 4), _mm512_loadu_ps(C + size_t(c) * 4), acc0);
-          acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c + 4) * 4), _mm512_loadu_ps(C + size_t(c + 4) * 4), acc1);
+        for (; c + 2 * CPV <= nc; c += 2 * CPV) {
+          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * W), _mm512_loadu_ps(C + size_t(c) * W), acc0);
+          acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c + CPV) * W), _mm512_loadu_ps(C + size_t(c + CPV) * W),
+                                 acc1);
         }
-        for (; c < nc; c += 4)
-          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * 4), _mm512_loadu_ps(C + size_t(c) * 4), acc0);
+        for (; c < nc; c += CPV)
+          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * W), _mm512_loadu_ps(C + size_t(c) * W), acc0);
         const __m512 a = _mm512_add_ps(acc0, acc1);
-        const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm512_extractf32x8_ps(a, 1));
-        const __m128 x = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-        alignas(16) float r4[4];
-        _mm_store_ps(r4, x);
-        for (int r = 0; r < 4; ++r) o[r * D + m * d + e] += r4[r];
+        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
+                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+        alignas(32) float rw[8];
+        if constexpr (W == 4) {
+          _mm_store_ps(rw, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        } else {
+          _mm256_store_ps(rw, h);
+        }
+        for (int r = 0; r < W; ++r) o[r][m * d + e] += rw[r];
       }
       continue;
     }
 #endif
     for (int e = 0; e < d; ++e)
-      for (int r = 0; r < 4; ++r) {
+      for (int r = 0; r < W; ++r) {
         float acc = 0.0f;
-        for (int c = 0; c < nc; ++c) acc += T[size_t(c) * 4 + r] * CX[(size_t(e) * nc + c) * 4];
-        o[r * D + m * d + e] += acc;
+        for (int c = 0; c < nc; ++c) acc += T[size_t(c) * W + r] * CX[(size_t(e) * nc + c) * W];
+        o[r][m * d + e] += acc;
       }
   }
 }
@@ -332,18 +414,19 @@ void dequant_scores(const I* idx, int64_t istride, int64_t n, const ProductQuant
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
-// S4[t][r] = qt[r] · decode(codes_t) for sub_dim 4 or 8 and head_dim % 16 == 0: each 16-float
-// slice of K̃_t is assembled from 4 (or 2) codebook rows straight into a register, then one
-// FMA per query row; the 4 row sums are reduced together. Used for codebooks too large for a
-// per-query table (12-bit keys: a 2 MiB LUT would not stay cached, the codebook does).
-// Tokens go in pairs: each of the 4 query slices loaded serves both tokens' FMAs, which cuts
-// the loads per token by a third (the loop is bound by loads and the inserts' shuffle port).
+// S[t][r] = q[r] · decode(codes_t) for NR = 4 or 8 query rows, sub_dim 4 or 8 and
+// head_dim % 16 == 0: each 16-float slice of K̃_t is assembled from 4 (or 2) codebook rows
+// straight into a register, then one FMA per query row; the row sums are reduced 4 at a time.
+// Used for codebooks too large for a per-query table (12-bit keys: a 2 MiB LUT would not stay
+// cached, the codebook does). Tokens go in pairs: each query slice loaded serves both tokens'
+// FMAs, which cuts the loads per token by a third (the loop is bound by loads and the inserts'
+// shuffle port); with 8 rows each assembled slice serves 8 FMAs instead of 4.
 //
-// Two codebook forms, one loop (scores_pairs_512 takes the slice loader):
+// Two codebook forms, one loop (scores_rows_512 takes the slice loader):
 //   F32Slices: float rows (16 / 32 bytes a centroid: a d4b12 codebook is 64 KiB, past L1);
 //   I8Slices:  int8 rows (ProductQuantizer::codebook_i8, 4 / 8 bytes a centroid: 16 KiB for
-//              d4b12), widened in a register; the caller passes qt·codebook_i8_scale, so
-//              Σ qt·(byte·scale) becomes Σ (qt·scale)·byte — the same centroids (the codebook
+//              d4b12), widened in a register; the caller passes q·codebook_i8_scale, so
+//              Σ q·(byte·scale) becomes Σ (q·scale)·byte — the same centroids (the codebook
 //              is byte·scale exactly); only the products' rounding differs.
 template <int DSUB>
 struct F32Slices {
@@ -386,64 +469,122 @@ struct I8Slices {
   }
 };
 
-template <typename Slices, typename I>
-void scores_pairs_512(const Slices& slice, const I* idx, int64_t istride, int64_t n, const float* qt, int64_t D,
-                      float* S4) {
+// q: NR row pointers; S: NR / 4 score arrays [n, 4] (rows 4j..4j+3 go to S[j]).
+template <int NR, typename Slices, typename I>
+__attribute__((noinline)) void scores_rows_512(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
+                                                const float* const* q_ref, int64_t D, float* const* S) {
+  const Slices slice = slice_ref;  // (locals: no reloads through the pointers in the loop)
+  const float* q[NR];
+  for (int r = 0; r < NR; ++r) q[r] = q_ref[r];
   int64_t t = 0;
   for (; t + 2 <= n; t += 2) {
     const I* c0 = idx + t * istride;
     const I* c1 = c0 + istride;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    __m512 a[NR], b[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) a[r] = b[r] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 k0 = slice(c0, d), k1 = slice(c1, d);
-      __m512 q = _mm512_loadu_ps(qt + d);
-      a0 = _mm512_fmadd_ps(q, k0, a0);
-      b0 = _mm512_fmadd_ps(q, k1, b0);
-      q = _mm512_loadu_ps(qt + D + d);
-      a1 = _mm512_fmadd_ps(q, k0, a1);
-      b1 = _mm512_fmadd_ps(q, k1, b1);
-      q = _mm512_loadu_ps(qt + 2 * D + d);
-      a2 = _mm512_fmadd_ps(q, k0, a2);
-      b2 = _mm512_fmadd_ps(q, k1, b2);
-      q = _mm512_loadu_ps(qt + 3 * D + d);
-      a3 = _mm512_fmadd_ps(q, k0, a3);
-      b3 = _mm512_fmadd_ps(q, k1, b3);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) {
+        const __m512 qv = _mm512_loadu_ps(q[r] + d);
+        a[r] = _mm512_fmadd_ps(qv, k0, a[r]);
+        b[r] = _mm512_fmadd_ps(qv, k1, b[r]);
+      }
     }
-    _mm_storeu_ps(S4 + 4 * t, hsum4_512(a0, a1, a2, a3));
-    _mm_storeu_ps(S4 + 4 * t + 4, hsum4_512(b0, b1, b2, b3));
+#pragma GCC unroll 2
+    for (int j = 0; j < NR / 4; ++j) {
+      _mm_storeu_ps(S[j] + 4 * t, hsum4_512(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
+      _mm_storeu_ps(S[j] + 4 * t + 4, hsum4_512(b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]));
+    }
   }
   if (t < n) {  // the odd last token
     const I* c = idx + t * istride;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+    __m512 a[NR];
+#pragma GCC unroll 8
+    for (int r = 0; r < NR; ++r) a[r] = _mm512_setzero_ps();
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 kv = slice(c, d);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + d), kv, a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + D + d), kv, a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + 2 * D + d), kv, a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(qt + 3 * D + d), kv, a3);
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + d), kv, a[r]);
     }
-    _mm_storeu_ps(S4 + 4 * t, hsum4_512(a0, a1, a2, a3));
+#pragma GCC unroll 2
+    for (int j = 0; j < NR / 4; ++j)
+      _mm_storeu_ps(S[j] + 4 * t, hsum4_512(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
+  }
+}
+
+// o[r] += Σ_t P[t][r]·V̂_t for NR = 4 or 8 rows, sub_dim 4 or 8 and head_dim % 16 == 0, with the
+// slice loaders of the key kernel: dims in groups of 64 / NR · 4 (NR · NS = 16 accumulators
+// stay in registers over every token of the block), each 16-float slice of V̂_t assembled once
+// per group and multiplied by the rows' broadcast weights. `scale` multiplies the group's sums
+// as they are added to o (codebook_i8_scale for int8 rows, 1 for floats). Tokens whose weights
+// are all zero (masked) are skipped, as in dequant_values. P: NR / 4 weight arrays [n, 4];
+// o: NR row pointers.
+template <int NR, typename Slices, typename I>
+__attribute__((noinline)) void values_rows_512(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
+                                                const float* const* P, int64_t D, float scale, float* const* o) {
+  constexpr int NS = 16 / NR;  // 16-float slices per group
+  const Slices slice = slice_ref;  // (locals: no reloads through the pointers in the loop)
+  const float* const P0 = P[0];
+  const float* const P1 = P[NR / 4 - 1];
+  for (int64_t g0 = 0; g0 < D; g0 += 16 * NS) {
+    const int ns = int(std::min<int64_t>(NS, (D - g0) / 16));
+    __m512 acc[NR][NS];
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < NS; ++j) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t t = 0; t < n; ++t) {
+      const float* p0 = P0 + 4 * t;
+      const float* p1 = P1 + 4 * t;
+      bool zero = p0[0] == 0.0f && p0[1] == 0.0f && p0[2] == 0.0f && p0[3] == 0.0f;
+      if constexpr (NR == 8) zero = zero && p1[0] == 0.0f && p1[1] == 0.0f && p1[2] == 0.0f && p1[3] == 0.0f;
+      if (zero) continue;
+      const I* c = idx + t * istride;
+      __m512 pv[NR];
+#pragma GCC unroll 8
+      for (int r = 0; r < NR; ++r) pv[r] = _mm512_set1_ps(r < 4 ? p0[r] : p1[r - 4]);
+      auto step = [&](int j) {
+        const __m512 kv = slice(c, g0 + 16 * j);
+#pragma GCC unroll 8
+        for (int r = 0; r < NR; ++r) acc[r][j] = _mm512_fmadd_ps(pv[r], kv, acc[r][j]);
+      };
+      if (ns == NS) {  // the common case, unrolled so the accumulators stay in registers
+#pragma GCC unroll 4
+        for (int j = 0; j < NS; ++j) step(j);
+      } else {
+        for (int j = 0; j < ns; ++j) step(j);
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int r = 0; r < NR; ++r)
+      for (int j = 0; j < ns; ++j) {
+        float* dst = o[r] + g0 + 16 * j;
+        _mm512_storeu_ps(dst, _mm512_fmadd_ps(acc[r][j], sv, _mm512_loadu_ps(dst)));
+      }
   }
 }
 #endif
 
-// Dequant scores, dispatched to the register-assembling kernels where they apply. qt_i8 is qt
-// multiplied by pq.codebook_i8_scale (null when the codebook has no int8 form).
-template <typename I>
-void dequant_scores_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* qt,
-                        const float* qt_i8, int64_t D, float* row, float* S4) {
+// Dequant scores of NB row blocks (4·NB rows q, NB score arrays S), on the register-assembling
+// kernels where they apply. q_i8: the rows multiplied by pq.codebook_i8_scale (null when the
+// codebook has no int8 form). Elsewhere the scalar kernel, one row block at a time (its 4 rows
+// follow each other at stride D).
+template <int NB, typename I>
+void dequant_scores_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* const* q,
+                        const float* const* q_i8, int64_t D, float* row, float* const* S) {
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
-    if (qt_i8 && !pq.codebook_i8.empty()) {
-      if (pq.sub_dim == 4) return scores_pairs_512(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, qt_i8, D, S4);
-      return scores_pairs_512(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, qt_i8, D, S4);
+    constexpr int NR = 4 * NB;
+    if (q_i8 && !pq.codebook_i8.empty()) {
+      if (pq.sub_dim == 4) return scores_rows_512<NR>(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, q_i8, D, S);
+      return scores_rows_512<NR>(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, q_i8, D, S);
     }
-    if (pq.sub_dim == 4) return scores_pairs_512(F32Slices<4>{pq.codebook.data()}, idx, istride, n, qt, D, S4);
-    return scores_pairs_512(F32Slices<8>{pq.codebook.data()}, idx, istride, n, qt, D, S4);
+    if (pq.sub_dim == 4) return scores_rows_512<NR>(F32Slices<4>{pq.codebook.data()}, idx, istride, n, q, D, S);
+    return scores_rows_512<NR>(F32Slices<8>{pq.codebook.data()}, idx, istride, n, q, D, S);
   }
 #endif
-  (void)qt_i8;
-  dequant_scores(idx, istride, n, pq, qt, D, row, S4);
+  (void)q_i8;
+  for (int j = 0; j < NB; ++j) dequant_scores(idx, istride, n, pq, q[4 * j], D, row, S[j]);
 }
 
 template <typename I>
@@ -461,75 +602,33 @@ void dequant_values(const I* idx, int64_t istride, int64_t n, const ProductQuant
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-// o[r] += Σ_t P4[t][r]·V̂_t for sub_dim 4 or 8 and head_dim % 16 == 0, with the slice loaders
-// of the key kernel: dims in groups of up to 64 (16 accumulators: 4 rows x 4 slices stay in
-// registers over every token of the block), each 16-float slice of V̂_t assembled once per
-// group and multiplied by the 4 rows' broadcast weights. `scale` multiplies the group's sums
-// as they are added to o (codebook_i8_scale for int8 rows, 1 for floats). Tokens whose 4
-// weights are all zero (masked) are skipped, as in dequant_values.
-template <typename Slices, typename I>
-void values_512(const Slices& slice, const I* idx, int64_t istride, int64_t n, const float* P4, int64_t D,
-                float scale, float* o) {
-  for (int64_t g0 = 0; g0 < D; g0 += 64) {
-    const int ns = int(std::min<int64_t>(4, (D - g0) / 16));
-    __m512 acc[4][4];
-    for (int r = 0; r < 4; ++r)
-      for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t t = 0; t < n; ++t) {
-      const float* p = P4 + 4 * t;
-      if (p[0] == 0.0f && p[1] == 0.0f && p[2] == 0.0f && p[3] == 0.0f) continue;
-      const I* c = idx + t * istride;
-      const __m512 p0 = _mm512_set1_ps(p[0]), p1 = _mm512_set1_ps(p[1]), p2 = _mm512_set1_ps(p[2]),
-                   p3 = _mm512_set1_ps(p[3]);
-      auto step = [&](int j) {
-        const __m512 kv = slice(c, g0 + 16 * j);
-        acc[0][j] = _mm512_fmadd_ps(p0, kv, acc[0][j]);
-        acc[1][j] = _mm512_fmadd_ps(p1, kv, acc[1][j]);
-        acc[2][j] = _mm512_fmadd_ps(p2, kv, acc[2][j]);
-        acc[3][j] = _mm512_fmadd_ps(p3, kv, acc[3][j]);
-      };
-      if (ns == 4) {  // the common case, unrolled so the accumulators stay in registers
-        step(0), step(1), step(2), step(3);
-      } else {
-        for (int j = 0; j < ns; ++j) step(j);
-      }
-    }
-    const __m512 sv = _mm512_set1_ps(scale);
-    for (int r = 0; r < 4; ++r)
-      for (int j = 0; j < ns; ++j) {
-        float* dst = o + r * D + g0 + 16 * j;
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(acc[r][j], sv, _mm512_loadu_ps(dst)));
-      }
-  }
-}
-#endif
-
-// Dequant values, dispatched like dequant_scores_any.
-template <typename I>
-void dequant_values_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* P4,
-                        int64_t D, float* row, float* o) {
+// Dequant values of NB row blocks (weights P: NB arrays [n, 4]; o: 4·NB row pointers), dispatched
+// like dequant_scores_any.
+template <int NB, typename I>
+void dequant_values_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* const* P,
+                        int64_t D, float* row, float* const* o) {
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
   if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
+    constexpr int NR = 4 * NB;
     if (!pq.codebook_i8.empty()) {
       const float s = pq.codebook_i8_scale;
-      if (pq.sub_dim == 4) return values_512(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, P4, D, s, o);
-      return values_512(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, P4, D, s, o);
+      if (pq.sub_dim == 4) return values_rows_512<NR>(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, P, D, s, o);
+      return values_rows_512<NR>(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, P, D, s, o);
     }
-    if (pq.sub_dim == 4) return values_512(F32Slices<4>{pq.codebook.data()}, idx, istride, n, P4, D, 1.0f, o);
-    return values_512(F32Slices<8>{pq.codebook.data()}, idx, istride, n, P4, D, 1.0f, o);
+    if (pq.sub_dim == 4) return values_rows_512<NR>(F32Slices<4>{pq.codebook.data()}, idx, istride, n, P, D, 1.0f, o);
+    return values_rows_512<NR>(F32Slices<8>{pq.codebook.data()}, idx, istride, n, P, D, 1.0f, o);
   }
 #endif
-  dequant_values(idx, istride, n, pq, P4, D, row, o);
+  for (int j = 0; j < NB; ++j) dequant_values(idx, istride, n, pq, P[j], D, row, o[4 * j]);
 }
 
-// CX[e][c][4] = C[c][e]
-std::vector<float> expand_codebook(const ProductQuantizer& pq) {
+// CX[e][c][W] = C[c][e]
+std::vector<float> expand_codebook(const ProductQuantizer& pq, int W) {
   const int nc = pq.n_centroids, d = pq.sub_dim;
-  std::vector<float> cx(size_t(nc) * d * 4);
+  std::vector<float> cx(size_t(nc) * d * W);
   for (int e = 0; e < d; ++e)
     for (int c = 0; c < nc; ++c)
-      for (int r = 0; r < 4; ++r) cx[(size_t(e) * nc + c) * 4 + r] = pq.codebook[size_t(c) * d + e];
+      for (int r = 0; r < W; ++r) cx[(size_t(e) * nc + c) * W + r] = pq.codebook[size_t(c) * d + e];
   return cx;
 }
 
@@ -545,8 +644,8 @@ struct CodedContext {
   const VecInferAttentionInputs* in;
   int64_t D;
   bool key_table_ok, value_table_ok;  // bits small enough for LUT / histogram
-  int key_mb, value_mb;
-  std::vector<float> kcx, vcx;  // expanded codebooks (only when the table paths may run)
+  int key_mb[2], value_mb[2];         // m blocks for one row block (4 lanes) and for two (8 lanes)
+  std::vector<float> kcx[2], vcx[2];  // expanded codebooks, 4 and 8 lanes (only where used)
 };
 
 // Codes of tokens [t, t + n) of one (b, kv head): bytes when bits == 8 (no unpacking), else
@@ -660,71 +759,125 @@ CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t 
   return r;
 }
 
-void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, int64_t t1, const RowBlock& rb,
-                   UnitScratch& scratch, Partial& out) {
+// The partials of NB row blocks (NB = 2: two blocks of one (b, kv head) whose units cover the
+// same tokens, done with 8-lane tables and 8-row dequant kernels) over coded tokens [t0, t1).
+template <int NB>
+void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, int64_t t1, const RowBlock* const* rbs,
+                   UnitScratch& scratch, Partial* const* outs) {
+  constexpr int W = 4 * NB;
   const VecInferAttentionInputs& in = *cx.in;
   const ProductQuantizer& kp = *in.key_pq;
   const ProductQuantizer& vp = *in.value_pq;
   const int64_t D = cx.D;
-  std::fill(out.o, out.o + 4 * D, 0.0f);
-  const int64_t a = std::max(t0, rb.lo), e = std::min(t1, rb.hi + 1);
+  int64_t a = t1, e = t0;
+  for (int j = 0; j < NB; ++j) {
+    std::fill(outs[j]->o, outs[j]->o + 4 * D, 0.0f);
+    a = std::min(a, std::max(t0, rbs[j]->lo));
+    e = std::max(e, std::min(t1, rbs[j]->hi + 1));
+  }
   if (a >= e) {
-    for (int r = 0; r < 4; ++r) out.m[r] = kNegInf, out.l[r] = 0.0f;
+    for (int j = 0; j < NB; ++j)
+      for (int r = 0; r < 4; ++r) outs[j]->m[r] = kNegInf, outs[j]->l[r] = 0.0f;
     return;
   }
   const int64_t n = e - a;
-  float* S4 = scratch.scores.get(size_t(4 * n + 16));
-  float* row = scratch.tmp.get(size_t(D));
+  // Scores of each block, [n, 4]; with two blocks also their interleaved form SW [n, 8] (the
+  // 8-lane LUT's output and the 8-lane histogram's input).
+  float* SW = scratch.scores.get(size_t(W * n + 16));
+  float* S4[NB];
+  if constexpr (NB == 1) {
+    S4[0] = SW;
+  } else {
+    float* s2 = scratch.scores2.get(size_t(8 * n + 32));
+    S4[0] = s2, S4[1] = s2 + 4 * n + 16;
+  }
+  const float* qrows[W];
+  float* orows[W];
+  for (int j = 0; j < NB; ++j)
+    for (int r = 0; r < 4; ++r) qrows[4 * j + r] = rbs[j]->qt + r * D, orows[4 * j + r] = outs[j]->o + r * D;
   const bool use_lut = cx.key_table_ok && key_lut_pays(n, kp);
   const bool use_hist = cx.value_table_ok && value_hist_pays(n, vp);
+  float* row = scratch.tmp.get(size_t((W + 1) * D));  // one decoded row, then the int8 query rows
 
   // Pass 1: scores.
   float* lut = nullptr;
   if (use_lut) {
-    lut = scratch.lut.get(size_t(kp.n_sub) * kp.n_centroids * 4);
-    build_lut(cx.kcx.data(), kp.sub_dim, kp.n_sub, kp.n_centroids, rb.qt, D, lut);
-    std::fill(S4, S4 + 4 * n, 0.0f);
+    lut = scratch.lut.get(size_t(kp.n_sub) * kp.n_centroids * W);
+    build_lut<W>(cx.kcx[NB - 1].data(), kp.sub_dim, kp.n_sub, kp.n_centroids, qrows, lut);
+    std::fill(SW, SW + W * n, 0.0f);
   }
-  // The int8 codebook form's query: qt·scale (dequant path only).
-  const float* qt_i8 = nullptr;
-  if (!use_lut && !kp.codebook_i8.empty()) {
-    float* qs = scratch.tmp.get(size_t(5 * D)) + D;
-    for (int64_t x = 0; x < 4 * D; ++x) qs[x] = rb.qt[x] * kp.codebook_i8_scale;
-    qt_i8 = qs;
-    row = qs - D;
+  // The int8 codebook form's query: q̃·scale (dequant path only).
+  const float* qi8[W];
+  const bool have_i8 = !use_lut && !kp.codebook_i8.empty();
+  if (have_i8) {
+    float* qs = row + D;
+    for (int r = 0; r < W; ++r) {
+      for (int64_t x = 0; x < D; ++x) qs[r * D + x] = qrows[r][x] * kp.codebook_i8_scale;
+      qi8[r] = qs + r * D;
+    }
   }
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int64_t nb = std::min(kTokenBlock, n - t);
     const CodeRows cr = code_rows(in.key_codes, kp, b, kh, a + t, nb, scratch.idx);
     if (use_lut) {
-      if (cr.bytes) lut_scores(cx.key_mb, cr.bytes, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
-      else lut_scores(cx.key_mb, cr.wide, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, S4 + 4 * t);
+      const int mb = cx.key_mb[NB - 1];
+      if (cr.bytes) table_pass<LutPass, W>(mb, cr.bytes, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, SW + W * t);
+      else table_pass<LutPass, W>(mb, cr.wide, cr.stride, nb, kp.n_sub, kp.n_centroids, lut, SW + W * t);
     } else {
-      if (cr.bytes) dequant_scores_any(cr.bytes, cr.stride, nb, kp, rb.qt, qt_i8, D, row, S4 + 4 * t);
-      else dequant_scores_any(cr.wide, cr.stride, nb, kp, rb.qt, qt_i8, D, row, S4 + 4 * t);
+      float* St[NB];
+      for (int j = 0; j < NB; ++j) St[j] = S4[j] + 4 * t;
+      const float* const* q8 = have_i8 ? qi8 : nullptr;
+      if (cr.bytes) dequant_scores_any<NB>(cr.bytes, cr.stride, nb, kp, qrows, q8, D, row, St);
+      else dequant_scores_any<NB>(cr.wide, cr.stride, nb, kp, qrows, q8, D, row, St);
     }
   }
-  if (!softmax_chunk(S4, a, n, rb, out)) return;
+  if constexpr (NB == 2) {
+    if (use_lut)
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(S4[0] + 4 * t, SW + 8 * t, 16);
+        std::memcpy(S4[1] + 4 * t, SW + 8 * t + 4, 16);
+      }
+  }
+  bool any = false;
+  for (int j = 0; j < NB; ++j) {
+    if (softmax_chunk(S4[j], a, n, *rbs[j], *outs[j])) {
+      any = true;
+    } else {
+      std::fill(S4[j], S4[j] + 4 * n, 0.0f);  // no row of this block sees these tokens: weight 0
+    }
+  }
+  if (!any) return;
 
   // Pass 2: values.
-  float* T4 = nullptr;
+  const float* P = S4[0];
+  float* T = nullptr;
   if (use_hist) {
-    const size_t tn = size_t(vp.n_sub) * vp.n_centroids * 4;
-    T4 = scratch.hist.get(tn);
-    std::fill(T4, T4 + tn, 0.0f);
+    if constexpr (NB == 2) {
+      for (int64_t t = 0; t < n; ++t) {
+        std::memcpy(SW + 8 * t, S4[0] + 4 * t, 16);
+        std::memcpy(SW + 8 * t + 4, S4[1] + 4 * t, 16);
+      }
+      P = SW;
+    }
+    const size_t tn = size_t(vp.n_sub) * vp.n_centroids * W;
+    T = scratch.hist.get(tn);
+    std::fill(T, T + tn, 0.0f);
   }
   for (int64_t t = 0; t < n; t += kTokenBlock) {
     const int64_t nb = std::min(kTokenBlock, n - t);
     const CodeRows cr = code_rows(in.value_codes, vp, b, kh, a + t, nb, scratch.idx);
     if (use_hist) {
-      if (cr.bytes) hist_add(cx.value_mb, cr.bytes, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
-      else hist_add(cx.value_mb, cr.wide, cr.stride, nb, vp.n_sub, vp.n_centroids, S4 + 4 * t, T4);
+      const int mb = cx.value_mb[NB - 1];
+      if (cr.bytes) table_pass<HistPass, W>(mb, cr.bytes, cr.stride, nb, vp.n_sub, vp.n_centroids, P + W * t, T);
+      else table_pass<HistPass, W>(mb, cr.wide, cr.stride, nb, vp.n_sub, vp.n_centroids, P + W * t, T);
     } else {
-      if (cr.bytes) dequant_values_any(cr.bytes, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
-      else dequant_values_any(cr.wide, cr.stride, nb, vp, S4 + 4 * t, D, row, out.o);
+      const float* Pt[NB];
+      for (int j = 0; j < NB; ++j) Pt[j] = S4[j] + 4 * t;
+      if (cr.bytes) dequant_values_any<NB>(cr.bytes, cr.stride, nb, vp, Pt, D, row, orows);
+      else dequant_values_any<NB>(cr.wide, cr.stride, nb, vp, Pt, D, row, orows);
     }
   }
-  if (use_hist) reduce_hist(cx.vcx.data(), vp.sub_dim, vp.n_sub, vp.n_centroids, T4, D, out.o);
+  if (use_hist) reduce_hist<W>(cx.vcx[NB - 1].data(), vp.sub_dim, vp.n_sub, vp.n_centroids, T, orows);
 }
 
 }  // namespace
@@ -741,19 +894,33 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   const float scale = resolved_scale(params, D);
   const ProductQuantizer& kp = *in.key_pq;
   const ProductQuantizer& vp = *in.value_pq;
+  // Row blocks 2i and 2i+1 of a (batch, kv head) share their coded units' passes (8 lanes)
+  // wherever both have a unit over the same tokens: groups of 5 to 8 heads at decode, and
+  // neighbouring queries in a prefill chunk. VQ_CPU_PAIR_ROW_BLOCKS=0 turns it off (A/B).
+  static const bool pair_env = [] {
+    const char* s = std::getenv("VQ_CPU_PAIR_ROW_BLOCKS");
+    return !(s && s[0] == '0');
+  }();
+  const bool pairs = pair_env && NRB >= 2;
 
   CodedContext cx;
   cx.in = &in;
   cx.D = D;
   cx.key_table_ok = kp.codebook_bits <= kMaxLutBits;
   cx.value_table_ok = vp.codebook_bits <= kMaxTableBits;
-  cx.key_mb = pick_mb(kp.n_sub, kp.n_centroids);
-  cx.value_mb = pick_mb(vp.n_sub, vp.n_centroids);
+  for (int w = 0; w < 2; ++w) {
+    cx.key_mb[w] = pick_mb(kp.n_sub, kp.n_centroids, 4 * (w + 1));
+    cx.value_mb[w] = pick_mb(vp.n_sub, vp.n_centroids, 4 * (w + 1));
+  }
   // the expanded codebooks only where some chunk can take the table path (see coded_partial)
-  if (cx.key_table_ok && key_lut_pays(Nc, kp)) cx.kcx = expand_codebook(kp);
-  if (cx.value_table_ok && value_hist_pays(Nc, vp)) cx.vcx = expand_codebook(vp);
-  if (cx.kcx.empty()) cx.key_table_ok = false;
-  if (cx.vcx.empty()) cx.value_table_ok = false;
+  const bool key_tables = cx.key_table_ok && key_lut_pays(Nc, kp);
+  const bool value_tables = cx.value_table_ok && value_hist_pays(Nc, vp);
+  for (int w = 0; w < (pairs ? 2 : 1); ++w) {
+    if (key_tables) cx.kcx[w] = expand_codebook(kp, 4 * (w + 1));
+    if (value_tables) cx.vcx[w] = expand_codebook(vp, 4 * (w + 1));
+  }
+  cx.key_table_ok = key_tables;
+  cx.value_table_ok = value_tables;
 
   // Row blocks: q (scaled) for the window, q̃ (transformed, scaled) for the codes.
   std::vector<float> qbuf(size_t(B * Hkv * NRB * 8 * D), 0.0f);
@@ -817,26 +984,57 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   std::vector<Partial> parts(units.size());
   for (size_t u = 0; u < units.size(); ++u) parts[u].o = obuf.data() + u * size_t(4 * D);
 
-  // Longest units first (dynamic scheduling balances the rest).
-  std::vector<int64_t> order(units.size());
-  for (size_t u = 0; u < units.size(); ++u) order[u] = int64_t(u);
-  std::stable_sort(order.begin(), order.end(), [&](int64_t x, int64_t y) {
-    return units[size_t(x)].t1 - units[size_t(x)].t0 > units[size_t(y)].t1 - units[size_t(y)].t0;
-  });
+  // Tasks: one unit, or two coded units over the same tokens of row blocks 2i and 2i+1 of one
+  // (batch, kv head) (u1 >= 0), done together by coded_partial<2>.
+  struct Task {
+    int64_t u0, u1;
+  };
+  std::vector<Task> tasks;
+  tasks.reserve(units.size());
+  std::vector<char> paired(units.size(), 0);
+  if (pairs)
+    for (int64_t id = 0; id + 1 < n_rbs; ++id) {
+      if (id % NRB % 2 != 0 || id % NRB + 1 >= NRB) continue;
+      int64_t v = first_unit[size_t(id + 1)];
+      const int64_t v_end = first_unit[size_t(id + 2)];
+      for (int64_t u = first_unit[size_t(id)]; u < first_unit[size_t(id + 1)]; ++u) {
+        const Unit& x = units[size_t(u)];
+        if (x.kind != 0) continue;
+        while (v < v_end && (units[size_t(v)].kind != 0 || units[size_t(v)].t0 < x.t0)) ++v;
+        if (v < v_end && units[size_t(v)].t0 == x.t0 && units[size_t(v)].t1 == x.t1) {
+          tasks.push_back({u, v});
+          paired[size_t(u)] = paired[size_t(v)] = 1;
+          ++v;
+        }
+      }
+    }
+  for (size_t u = 0; u < units.size(); ++u)
+    if (!paired[u]) tasks.push_back({int64_t(u), -1});
+  // Longest first (dynamic scheduling balances the rest); a pair counts as two units.
+  auto work = [&](const Task& t) {
+    return (units[size_t(t.u0)].t1 - units[size_t(t.u0)].t0) * (t.u1 >= 0 ? 2 : 1);
+  };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return work(x) > work(y); });
 
-  run_tasks(pool, int64_t(units.size()), [&](int64_t k, int) {
-    const int64_t u = order[size_t(k)];
-    const Unit& un = units[size_t(u)];
-    const RowBlock& rb = rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)];
+  auto block_of = [&](const Unit& un) -> const RowBlock& { return rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)]; };
+  run_tasks(pool, int64_t(tasks.size()), [&](int64_t k, int) {
+    const Task& tk = tasks[size_t(k)];
+    const Unit& un = units[size_t(tk.u0)];
     UnitScratch& scratch = thread_scratch();
-    if (un.kind == 0) {
-      coded_partial(cx, un.b, un.kvh, un.t0, un.t1, rb, scratch, parts[size_t(u)]);
+    if (tk.u1 >= 0) {
+      const RowBlock* blocks[2] = {&block_of(un), &block_of(units[size_t(tk.u1)])};
+      Partial* outs[2] = {&parts[size_t(tk.u0)], &parts[size_t(tk.u1)]};
+      coded_partial<2>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
+    } else if (un.kind == 0) {
+      const RowBlock* blocks[1] = {&block_of(un)};
+      Partial* outs[1] = {&parts[size_t(tk.u0)]};
+      coded_partial<1>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
     } else {
       DenseSource src = DenseSource::of(in.window_keys, in.window_values, un.b, un.kvh);
       src.pos0 = Nc;
       src.n_slots = in.window_keys.shape[2];
       src.first_slot = in.window_first_slot;
-      dense_partial(src, un.t0, un.t1, D, rb, scratch, parts[size_t(u)]);
+      dense_partial(src, un.t0, un.t1, D, block_of(un), scratch, parts[size_t(tk.u0)]);
     }
   });
 

@@ -6,7 +6,8 @@
 // paths (codebook_bits <= 9 vs 10 and 12, short vs long chunks), the histogram and dequant value
 // paths (<= 8 bits vs more), float and int8-grid codebooks (ProductQuantizer::codebook_i8),
 // bits that are not a whole byte (4, 5, 6, 10, 12), rows with padding bits, head_dim 64 to 256,
-// odd and even token counts (the key kernel takes tokens in pairs), GQA 1/3/4/5/8, causal
+// odd and even token counts (the key kernel takes tokens in pairs), GQA 1/3/4/5/8 (two row
+// blocks of 4 rows done together from 5 rows on, and for neighbouring queries), causal
 // prefill, sliding windows, windows that wrap around the ring, and permuted query layouts.
 // Tolerance tier: bounded, as tests/ops/test_attention.cpp (vq_test::attention_tolerance).
 #include <gtest/gtest.h>
@@ -204,6 +205,45 @@ TEST(VecInferAttentionCpu, Int8GridCodebooksOnTheDequantPaths) {
     run_vcase({1, 2, 4, 1, n_coded, 17, 24, 5, 128, {4, 12}, {8, 8}, true, 0, DType::F16, DType::F16, DType::F32, false,
                true},
               n_coded, &pool);
+}
+
+// Two row blocks of one (batch, kv head) whose units cover the same tokens are done together
+// with 8-lane tables and 8-row dequant kernels (coded_partial<2>): groups of 5 to 8 query heads
+// at decode (a full pair at 8, a pair with 1 to 3 idle lanes at 5 to 7), neighbouring queries of
+// a prefill chunk (group 2 to 4), and causal / sliding-window rows, where a pair's rows see
+// different tokens, some rows of a block none of them, and a block's last chunk may have no
+// partner. Long histories take the 8-lane LUT and histogram (8-bit codes of 256 centroids: the
+// hot kernels; 6-bit: the generic ones), short ones and 10 / 12-bit codes the dequant kernels,
+// float and int8-grid codebooks, head_dim 64 to 256.
+TEST(VecInferAttentionCpu, PairedRowBlocksMatchTheReference) {
+  ThreadPool pool(2);
+  struct Shape {
+    int64_t group, q_len, n_coded, head_dim;
+    PQSpec k, v;
+    int64_t window;
+    bool int8_grid;
+  };
+  const Shape shapes[] = {
+      {8, 1, 2600, 128, {4, 8}, {4, 8}, 0, false},    // d4b8/d4b8: 8-lane LUT + histogram
+      {8, 1, 2601, 128, {4, 12}, {8, 8}, 0, true},    // the defaults: int8 8-row dequant keys
+      {7, 1, 1500, 128, {8, 8}, {8, 8}, 0, false},    // 7 rows: a pair with an idle lane
+      {6, 1, 700, 64, {4, 6}, {2, 6}, 0, false},      // 6-bit codes: the generic 8-lane kernels
+      {5, 1, 97, 256, {8, 12}, {8, 12}, 0, false},    // float 8-row dequant keys and values
+      {5, 1, 2600, 96, {4, 8}, {4, 8}, 0, false},     // head_dim 96
+      {8, 2, 3000, 80, {4, 10}, {8, 10}, 0, true},    // int8 dequant, head_dim 80 (a 16-dim tail)
+      {4, 3, 2600, 128, {4, 8}, {8, 8}, 0, false},    // prefill: queries 0 and 1 paired
+      {2, 6, 900, 128, {4, 12}, {4, 8}, 0, true},     // prefill, group 2: 3 blocks, 1 pair
+      {3, 5, 2600, 128, {4, 8}, {4, 8}, 9, false},    // sliding window 9: rows see different tokens
+      {8, 4, 5000, 64, {4, 8}, {8, 8}, 1000, false},  // sliding window over several chunks
+      {5, 2, 2700, 128, {4, 12}, {8, 8}, 1, true},    // window 1: most rows of a block see nothing
+  };
+  uint64_t seed = 31000;
+  for (const Shape& sh : shapes)
+    for (DType ot : {DType::F32, DType::F16}) {
+      VCase c{1, 2, sh.group, sh.q_len, sh.n_coded, 17, 24, 9, sh.head_dim, sh.k, sh.v,
+              true, sh.window, DType::F16, DType::F16, ot, seed % 2 == 0, sh.int8_grid};
+      run_vcase(c, seed++, &pool);
+    }
 }
 
 TEST(VecInferAttentionCpu, ThreadCountDoesNotChangeResults) {
