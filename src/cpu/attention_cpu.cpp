@@ -11,6 +11,8 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <map>
+#include <tuple>
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
@@ -273,46 +275,113 @@ void dense_values_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
 
 }  // namespace
 
+bool begin_partials(int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rbs, int nb, Partial* const* outs,
+                    int64_t& a, int64_t& b) {
+  a = t1, b = t0;
+  for (int j = 0; j < nb; ++j) {
+    std::fill(outs[j]->o, outs[j]->o + 4 * D, 0.0f);
+    a = std::min(a, std::max(t0, rbs[j]->lo));
+    b = std::max(b, std::min(t1, rbs[j]->hi + 1));
+  }
+  if (a < b) return true;
+  for (int j = 0; j < nb; ++j)
+    for (int r = 0; r < 4; ++r) outs[j]->m[r] = kNegInf, outs[j]->l[r] = 0.0f;
+  return false;
+}
+
 void dense_partial(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock& rb,
                    UnitScratch& scratch, Partial& out) {
-  std::fill(out.o, out.o + 4 * D, 0.0f);
-  const int64_t a = std::max(t0, rb.lo), b = std::min(t1, rb.hi + 1);
-  if (a >= b) {
-    for (int r = 0; r < 4; ++r) out.m[r] = kNegInf, out.l[r] = 0.0f;
-    return;
-  }
-  const int64_t n = b - a;
-  float* S4 = scratch.scores.get(size_t(4 * n + 16));
+  const RowBlock* rbs[1] = {&rb};
+  Partial* outs[1] = {&out};
+  dense_partial_group(src, t0, t1, D, rbs, 1, scratch, outs);
+}
+
+void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rbs, int nb,
+                         UnitScratch& scratch, Partial* const* outs) {
+  int64_t a, b;
+  if (!begin_partials(t0, t1, D, rbs, nb, outs, a, b)) return;
+  const int64_t n = b - a, stride = 4 * n + 16;
+  const int64_t tile = nb == 1 ? n : kGroupTile;
+  float* S = scratch.scores.get(size_t(nb * stride));
+  float* tmp = scratch.tmp.get(size_t(D));
 #if defined(__AVX512F__)
   const bool fast_k = src.k_ds == 1 && D % 16 == 0;
   const bool fast_v = src.v_ds == 1 && D % 16 == 0;
 #else
   const bool fast_k = false, fast_v = false;
 #endif
-  float* tmp = scratch.tmp.get(size_t(D));
-  if (fast_k) {
+  // Pass 1: every block's scores, tile by tile (the blocks after the first read the tile's keys
+  // from L1 / L2, so the chunk's keys come from memory once).
+  for (int64_t ts = a; ts < b; ts += tile) {
+    const int64_t te = std::min(b, ts + tile);
+    for (int j = 0; j < nb; ++j) {
+      float* Sj = S + j * stride + 4 * (ts - a);
+      if (fast_k) {
 #if defined(__AVX512F__)
-    switch (src.kt) {
-      case DType::F16: dense_scores_512<DType::F16>(src, a, b, D, rb, S4); break;
-      case DType::BF16: dense_scores_512<DType::BF16>(src, a, b, D, rb, S4); break;
-      default: dense_scores_512<DType::F32>(src, a, b, D, rb, S4); break;
-    }
+        switch (src.kt) {
+          case DType::F16: dense_scores_512<DType::F16>(src, ts, te, D, *rbs[j], Sj); break;
+          case DType::BF16: dense_scores_512<DType::BF16>(src, ts, te, D, *rbs[j], Sj); break;
+          default: dense_scores_512<DType::F32>(src, ts, te, D, *rbs[j], Sj); break;
+        }
 #endif
-  } else {
-    dense_scores_generic(src, a, b, D, rb, S4, tmp);
+      } else {
+        dense_scores_generic(src, ts, te, D, *rbs[j], Sj, tmp);
+      }
+    }
   }
-  if (!softmax_chunk(S4, a, n, rb, out)) return;
-  if (fast_v) {
+  bool seen[kMaxGroupBlocks];
+  bool any = false;
+  for (int j = 0; j < nb; ++j) any |= seen[j] = softmax_chunk(S + j * stride, a, n, *rbs[j], *outs[j]);
+  if (!any) return;
+  // Pass 2: values, tile by tile alike.
+  for (int64_t ts = a; ts < b; ts += tile) {
+    const int64_t te = std::min(b, ts + tile);
+    for (int j = 0; j < nb; ++j) {
+      if (!seen[j]) continue;
+      const float* Pj = S + j * stride + 4 * (ts - a);
+      if (fast_v) {
 #if defined(__AVX512F__)
-    switch (src.vt) {
-      case DType::F16: dense_values_512<DType::F16>(src, a, b, D, S4, out.o); break;
-      case DType::BF16: dense_values_512<DType::BF16>(src, a, b, D, S4, out.o); break;
-      default: dense_values_512<DType::F32>(src, a, b, D, S4, out.o); break;
-    }
+        switch (src.vt) {
+          case DType::F16: dense_values_512<DType::F16>(src, ts, te, D, Pj, outs[j]->o); break;
+          case DType::BF16: dense_values_512<DType::BF16>(src, ts, te, D, Pj, outs[j]->o); break;
+          default: dense_values_512<DType::F32>(src, ts, te, D, Pj, outs[j]->o); break;
+        }
 #endif
-  } else {
-    dense_values_generic(src, a, b, D, S4, out.o, tmp);
+      } else {
+        dense_values_generic(src, ts, te, D, Pj, outs[j]->o, tmp);
+      }
+    }
   }
+}
+
+std::vector<Task> group_units(const std::vector<Unit>& units, const std::vector<int64_t>& first_unit, int64_t NRB,
+                              int max_blocks) {
+  std::vector<Task> tasks;
+  tasks.reserve(units.size());
+  const int64_t n_rbs = int64_t(first_unit.size()) - 1;
+  std::map<std::tuple<int, int64_t, int64_t>, size_t> open;  // (kind, t0, t1) -> its task
+  for (int64_t id = 0; id < n_rbs; ++id) {
+    if (id % NRB == 0) open.clear();  // a new (batch, kv head)
+    for (int64_t u = first_unit[size_t(id)]; u < first_unit[size_t(id + 1)]; ++u) {
+      const Unit& x = units[size_t(u)];
+      const auto key = std::make_tuple(x.kind, x.t0, x.t1);
+      auto it = open.find(key);
+      if (it != open.end() && tasks[it->second].n < max_blocks) {
+        Task& t = tasks[it->second];
+        t.u[t.n++] = u;
+      } else {
+        Task t;
+        t.u[0] = u;
+        t.n = 1;
+        open[key] = tasks.size();
+        tasks.push_back(t);
+      }
+    }
+  }
+  // Largest first (dynamic scheduling balances the rest).
+  auto work = [&](const Task& t) { return (units[size_t(t.u[0])].t1 - units[size_t(t.u[0])].t0) * t.n; };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return work(x) > work(y); });
+  return tasks;
 }
 
 }  // namespace detail
@@ -381,11 +450,21 @@ void attention_cpu(const TensorView& q, const TensorView& k, const TensorView& v
   std::vector<Partial> parts(units.size());
   for (size_t u = 0; u < units.size(); ++u) parts[u].o = obuf.data() + u * size_t(4 * D);
 
-  run_tasks(pool, int64_t(units.size()), [&](int64_t u, int) {
-    const Unit& un = units[size_t(u)];
-    const RowBlock& rb = rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)];
+  // Tasks: the units of up to kMaxGroupBlocks row blocks of one (batch, kv head) over the same
+  // chunk (GQA groups of more than 4 heads, several queries), so K/V come from memory once.
+  const std::vector<Task> tasks = group_units(units, first_unit, NRB, kMaxGroupBlocks);
+  run_tasks(pool, int64_t(tasks.size()), [&](int64_t k_, int) {
+    const Task& tk = tasks[size_t(k_)];
+    const Unit& un = units[size_t(tk.u[0])];
+    const RowBlock* blocks[kMaxGroupBlocks];
+    Partial* outs[kMaxGroupBlocks];
+    for (int j = 0; j < tk.n; ++j) {
+      const Unit& uj = units[size_t(tk.u[j])];
+      blocks[j] = &rbs[size_t((uj.b * Hkv + uj.kvh) * NRB + uj.rb)];
+      outs[j] = &parts[size_t(tk.u[j])];
+    }
     const DenseSource src = DenseSource::of(k, v, un.b, un.kvh);
-    dense_partial(src, un.t0, un.t1, D, rb, thread_scratch(), parts[size_t(u)]);
+    dense_partial_group(src, un.t0, un.t1, D, blocks, tk.n, thread_scratch(), outs);
   });
 
   merge_row_blocks(pool, rbs, first_unit, parts, Hkv, NRB, G, out);  // rows with no unit at all get zeros

@@ -80,6 +80,21 @@ UnitScratch& thread_scratch();
 void dense_partial(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock& rb,
                    UnitScratch& scratch, Partial& out);
 
+/// The start of a unit over [t0, t1) for nb row blocks: zeroes their partials' o and sets
+/// [a, b), the part of [t0, t1) any of them sees. When that is empty, marks every partial as
+/// having seen nothing (m = −inf, l = 0) and returns false.
+bool begin_partials(int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rbs, int nb, Partial* const* outs,
+                    int64_t& a, int64_t& b);
+
+/// dense_partial for nb (<= kMaxGroupBlocks) row blocks of one (batch, kv head) whose units
+/// cover the same tokens [t0, t1): each block keeps its own scores, softmax and partial, but
+/// the chunk is walked in tiles of kGroupTile tokens with every block's pass over a tile back to
+/// back, so K and V are read from memory once for all of them (then from L1 / L2).
+constexpr int kMaxGroupBlocks = 8;
+constexpr int64_t kGroupTile = 128;
+void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rbs, int nb,
+                         UnitScratch& scratch, Partial* const* outs);
+
 /// After the scores S4 [n, 4] (interleaved by row) of tokens [t0, t0+n): masks invisible
 /// (token, row) pairs to −inf, computes the per-row max, replaces S4 by exp(S4 − max) and
 /// fills part.m / part.l. Returns false when no row sees any token (part then says so).
@@ -104,6 +119,18 @@ struct Unit {
   int64_t t0, t1;      ///< token chunk (positions), or the window piece
   int kind;            ///< 0: dense / coded chunk, 1: window piece (VecInfer)
 };
+
+/// Units done together: up to kMaxGroupBlocks units (u[0..n)) of row blocks of one (batch, kv
+/// head) over the same tokens and of the same kind.
+struct Task {
+  int64_t u[kMaxGroupBlocks];
+  int n = 0;
+};
+
+/// Groups units (ordered by row block, first_unit as in merge_row_blocks) into tasks: units of
+/// the same (batch, kv head), kind and [t0, t1), at most max_blocks a task, largest tasks first.
+std::vector<Task> group_units(const std::vector<Unit>& units, const std::vector<int64_t>& first_unit, int64_t NRB,
+                              int max_blocks);
 
 /// Visible range of every row of a GQA group: rows r = i·G + g, query i at position
 /// kv_len − q_len + i.

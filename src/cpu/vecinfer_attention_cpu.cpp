@@ -769,17 +769,8 @@ void coded_partial(const CodedContext& cx, int64_t b, int64_t kh, int64_t t0, in
   const ProductQuantizer& kp = *in.key_pq;
   const ProductQuantizer& vp = *in.value_pq;
   const int64_t D = cx.D;
-  int64_t a = t1, e = t0;
-  for (int j = 0; j < NB; ++j) {
-    std::fill(outs[j]->o, outs[j]->o + 4 * D, 0.0f);
-    a = std::min(a, std::max(t0, rbs[j]->lo));
-    e = std::max(e, std::min(t1, rbs[j]->hi + 1));
-  }
-  if (a >= e) {
-    for (int j = 0; j < NB; ++j)
-      for (int r = 0; r < 4; ++r) outs[j]->m[r] = kNegInf, outs[j]->l[r] = 0.0f;
-    return;
-  }
+  int64_t a, e;
+  if (!begin_partials(t0, t1, D, rbs, NB, outs, a, e)) return;
   const int64_t n = e - a;
   // Scores of each block, [n, 4]; with two blocks also their interleaved form SW [n, 8] (the
   // 8-lane LUT's output and the 8-lane histogram's input).
@@ -984,57 +975,30 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   std::vector<Partial> parts(units.size());
   for (size_t u = 0; u < units.size(); ++u) parts[u].o = obuf.data() + u * size_t(4 * D);
 
-  // Tasks: one unit, or two coded units over the same tokens of row blocks 2i and 2i+1 of one
-  // (batch, kv head) (u1 >= 0), done together by coded_partial<2>.
-  struct Task {
-    int64_t u0, u1;
-  };
-  std::vector<Task> tasks;
-  tasks.reserve(units.size());
-  std::vector<char> paired(units.size(), 0);
-  if (pairs)
-    for (int64_t id = 0; id + 1 < n_rbs; ++id) {
-      if (id % NRB % 2 != 0 || id % NRB + 1 >= NRB) continue;
-      int64_t v = first_unit[size_t(id + 1)];
-      const int64_t v_end = first_unit[size_t(id + 2)];
-      for (int64_t u = first_unit[size_t(id)]; u < first_unit[size_t(id + 1)]; ++u) {
-        const Unit& x = units[size_t(u)];
-        if (x.kind != 0) continue;
-        while (v < v_end && (units[size_t(v)].kind != 0 || units[size_t(v)].t0 < x.t0)) ++v;
-        if (v < v_end && units[size_t(v)].t0 == x.t0 && units[size_t(v)].t1 == x.t1) {
-          tasks.push_back({u, v});
-          paired[size_t(u)] = paired[size_t(v)] = 1;
-          ++v;
-        }
-      }
-    }
-  for (size_t u = 0; u < units.size(); ++u)
-    if (!paired[u]) tasks.push_back({int64_t(u), -1});
-  // Longest first (dynamic scheduling balances the rest); a pair counts as two units.
-  auto work = [&](const Task& t) {
-    return (units[size_t(t.u0)].t1 - units[size_t(t.u0)].t0) * (t.u1 >= 0 ? 2 : 1);
-  };
-  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return work(x) > work(y); });
-
-  auto block_of = [&](const Unit& un) -> const RowBlock& { return rbs[size_t((un.b * Hkv + un.kvh) * NRB + un.rb)]; };
+  // Tasks: one unit, or two units of one (batch, kv head) over the same tokens (row blocks of
+  // one GQA group, or of neighbouring queries): coded ones done together by coded_partial<2>,
+  // window ones by dense_partial_group.
+  const std::vector<Task> tasks = group_units(units, first_unit, NRB, pairs ? 2 : 1);
   run_tasks(pool, int64_t(tasks.size()), [&](int64_t k, int) {
     const Task& tk = tasks[size_t(k)];
-    const Unit& un = units[size_t(tk.u0)];
+    const Unit& un = units[size_t(tk.u[0])];
+    const RowBlock* blocks[2];
+    Partial* outs[2];
+    for (int j = 0; j < tk.n; ++j) {
+      const Unit& uj = units[size_t(tk.u[j])];
+      blocks[j] = &rbs[size_t((uj.b * Hkv + uj.kvh) * NRB + uj.rb)];
+      outs[j] = &parts[size_t(tk.u[j])];
+    }
     UnitScratch& scratch = thread_scratch();
-    if (tk.u1 >= 0) {
-      const RowBlock* blocks[2] = {&block_of(un), &block_of(units[size_t(tk.u1)])};
-      Partial* outs[2] = {&parts[size_t(tk.u0)], &parts[size_t(tk.u1)]};
-      coded_partial<2>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
-    } else if (un.kind == 0) {
-      const RowBlock* blocks[1] = {&block_of(un)};
-      Partial* outs[1] = {&parts[size_t(tk.u0)]};
-      coded_partial<1>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
+    if (un.kind == 0) {
+      if (tk.n == 2) coded_partial<2>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
+      else coded_partial<1>(cx, un.b, un.kvh, un.t0, un.t1, blocks, scratch, outs);
     } else {
       DenseSource src = DenseSource::of(in.window_keys, in.window_values, un.b, un.kvh);
       src.pos0 = Nc;
       src.n_slots = in.window_keys.shape[2];
       src.first_slot = in.window_first_slot;
-      dense_partial(src, un.t0, un.t1, D, block_of(un), scratch, parts[size_t(tk.u0)]);
+      dense_partial_group(src, un.t0, un.t1, D, blocks, tk.n, scratch, outs);
     }
   });
 

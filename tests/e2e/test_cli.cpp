@@ -117,6 +117,24 @@ TEST(Cli, InfoReportsWhatRunsOnCuda) {
   EXPECT_NE(bad.out.find("veloxquant: error: "), std::string::npos) << bad.out;
 }
 
+// `bench` on a small shape: a verify batch (--q-len 3) times both caches and says so; a q_len
+// past the context is refused naming both.
+TEST(Cli, BenchTimesVerifyBatches) {
+  REQUIRE_CLI();
+  CliRun r = run("bench --json --ctx 600 --q-len 3 --heads 8 --kv-heads 1 --head-dim 64 --repeats 2 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["shape"]["q_len"], 3);
+  EXPECT_EQ(j["shape"]["ctx"], 600);
+  EXPECT_GT(j["fp16"]["median_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["vecinfer"]["median_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["bytes_ratio"].get<double>(), 1.0);
+  CliRun bad = run("bench --ctx 4 --q-len 5");
+  EXPECT_NE(bad.status, 0);
+  EXPECT_NE(bad.out.find("veloxquant: error: bench: --q-len (5) must be between 1 and --ctx (4)"), std::string::npos)
+      << bad.out;
+}
+
 TEST(Cli, CalibrateInspectRoundTrip) {
   REQUIRE_CLI();
   const std::string dir = tmp_dir();

@@ -100,10 +100,18 @@ TEST(AttentionCpu, CausalPrefillSlidingWindowAndLayouts) {
 
 TEST(AttentionCpu, LongContextManyChunks) {
   ThreadPool pool(2);
-  // 5000 tokens = 3 chunks of 2048; decode and a short causal prefill, GQA 4.
+  // 5000 tokens = 3 chunks of 2048; decode and a short causal prefill, GQA 4 and 8.
   run_case({1, 2, 4, 1, 5000, 128, true, 0, DType::F16, DType::F16, DType::F16, DType::F32, false}, 5, &pool);
   run_case({1, 1, 4, 7, 4200, 64, true, 3000, DType::F32, DType::F16, DType::F16, DType::F32, false}, 6, &pool);
   run_case({1, 1, 8, 3, 2049, 96, false, 0, DType::BF16, DType::BF16, DType::BF16, DType::F32, true}, 7, nullptr);
+  // Row blocks of one kv head over the same chunk are done as one task, K/V walked in tiles
+  // (dense_partial_group): group 8 at decode (2 blocks), 16 queries of group 4 (16 blocks: two
+  // tasks of 8 a chunk), a sliding window so the blocks of a task see different tokens (and the
+  // last chunk's units differ), head_dim 80 (the slab value kernels), a generic-path layout.
+  run_case({1, 2, 8, 1, 5000, 128, true, 0, DType::F16, DType::F16, DType::F16, DType::F32, false}, 8, &pool);
+  run_case({1, 2, 4, 16, 4500, 128, true, 700, DType::F16, DType::F16, DType::F16, DType::F32, false}, 9, &pool);
+  run_case({2, 1, 6, 5, 3000, 80, true, 0, DType::F32, DType::BF16, DType::F16, DType::F16, false}, 10, &pool);
+  run_case({1, 1, 5, 4, 2600, 72, true, 333, DType::F16, DType::F16, DType::F16, DType::F32, true}, 11, &pool);
 }
 
 TEST(AttentionCpu, SameResultWithAndWithoutThreads) {

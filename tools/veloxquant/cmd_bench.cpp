@@ -2,8 +2,10 @@
 //
 // Both caches are filled with the same random K/V (ctx tokens; timing does not depend on the
 // values, and the VecInfer cache uses seeded random codebooks unless --artifact is given), then
-// one decode step (q_len 1) is timed on each: one warm-up, then the median of --repeats runs.
-// Printed: both medians, the speed ratio, and the ratio of bytes held.
+// one decode step is timed on each: one warm-up, then the median of --repeats runs. The step
+// has q_len 1, or --q-len queries at the last positions, causal (a speculative-decoding verify
+// batch or a small prefill chunk). Printed: both medians, the speed ratio, and the ratio of
+// bytes held.
 //
 // Device: the caches come from KVCacheFactory with config.device, so --device cuda runs the
 // CUDA caches where the build has them. time_decode() is the one place that would need a
@@ -46,6 +48,8 @@ class BenchCommand final : public Command {
     app.add_option("--head-dim", head_dim_, "head_dim")->capture_default_str();
     app.add_option("--ctx", ctx_, "tokens in the cache")->capture_default_str();
     app.add_option("--batch", batch_, "batch")->capture_default_str();
+    app.add_option("--q-len", q_len_, "queries per step, causal at the last positions (1: decode; 2-16: a verify batch)")
+        ->capture_default_str();
     app.add_option("--keys", keys_, "VecInfer key quantizer")->capture_default_str();
     app.add_option("--values", values_, "VecInfer value quantizer")->capture_default_str();
     app.add_option("--residual", residual_, "VecInfer fp16 residual window")->capture_default_str();
@@ -67,6 +71,8 @@ class BenchCommand final : public Command {
                    "bench: --heads (" << heads_ << ") must be a positive multiple of --kv-heads (" << kv_heads_ << ")");
     VQ_CHECK_VALUE(ctx_ >= 1 && batch_ >= 1 && head_dim_ >= 1 && repeats_ >= 1,
                    "bench: --ctx, --batch, --head-dim and --repeats must be >= 1");
+    VQ_CHECK_VALUE(q_len_ >= 1 && q_len_ <= ctx_,
+                   "bench: --q-len (" << q_len_ << ") must be between 1 and --ctx (" << ctx_ << ")");
     const Device dev = device_ == "cuda" ? Device::cuda(0) : Device::cpu();
 
     KVCacheConfig fp;
@@ -122,10 +128,11 @@ class BenchCommand final : public Command {
       fp16->update(kv, vv);
       vec->update(kv, vv);
     }
-    Tensor q = Tensor::empty({batch_, heads_, 1, head_dim_}, DType::F32);
+    Tensor q = Tensor::empty({batch_, heads_, q_len_, head_dim_}, DType::F32);
     for (int64_t i = 0; i < q.numel(); ++i) q.ptr<float>()[i] = nd(rng);
     SdpaParams sdpa;
     sdpa.n_threads = threads_;
+    sdpa.causal = true;  // q_len 1: every token visible either way
 
     std::vector<double> tf_all, tv_all;
     const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, &tf_all);
@@ -139,7 +146,8 @@ class BenchCommand final : public Command {
                             {"heads", heads_},
                             {"kv_heads", kv_heads_},
                             {"head_dim", head_dim_},
-                            {"ctx", ctx_}}},
+                            {"ctx", ctx_},
+                            {"q_len", q_len_}}},
                           {"device", device_},
                           {"attention_codebooks", codebooks_},
                           {"keys", keys_},
@@ -154,8 +162,10 @@ class BenchCommand final : public Command {
       write_json(j, "-");
       return 0;
     }
-    std::printf("decode attention, batch %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, median of %d\n",
-                (long long)batch_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(), repeats_);
+    std::printf("decode attention, batch %lld, q_len %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, "
+                "median of %d\n",
+                (long long)batch_, (long long)q_len_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(),
+                repeats_);
     Table t({"cache", "config", "median ms", "bytes held", "fp16 K/V read GB/s"});
     t.add_row({fp16->class_name(), "fp16", strf("%.3f", tf * 1e3), human_bytes(double(bf)),
                strf("%.1f", kv_bytes / tf / 1e9)});
@@ -176,7 +186,7 @@ class BenchCommand final : public Command {
     return o;
   }
   int heads_ = 32, kv_heads_ = 8, head_dim_ = 128, residual_ = 128, repeats_ = 20, threads_ = 0;
-  int64_t ctx_ = 32768, batch_ = 1;
+  int64_t ctx_ = 32768, batch_ = 1, q_len_ = 1;
   uint64_t seed_ = 0;
   std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "i8";
   bool json_ = false;
