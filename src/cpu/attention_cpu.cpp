@@ -189,12 +189,38 @@ void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
   const float* q1 = rb.q + D;
   const float* q2 = rb.q + 2 * D;
   const float* q3 = rb.q + 3 * D;
-  for (int64_t t = a; t < b; ++t) {
-    const char* kp = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
+  int64_t t = a;
+  // Two tokens at a time: 8 independent FMA chains instead of 4 (one token's 4 chains, each
+  // head_dim / 16 deep, leave the FMA pipes half idle on their latency), and each query slice
+  // loaded once for both.
+  for (; t + 2 <= b; t += 2) {
+    const char* kp0 = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
+    const char* kp1 = static_cast<const char*>(src.k) + src.slot(t + 1) * src.k_ts * es;
     if (!src.n_slots) {
-      const char* pf = kp + 16 * src.k_ts * es;
-      for (int64_t off = 0; off < D * es; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
+      const char* pf = kp0 + 16 * src.k_ts * es;
+      for (int64_t off = 0; off < 2 * D * es; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
     }
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += 16) {
+      const __m512 k0 = load16<T>(kp0 + d * es), k1 = load16<T>(kp1 + d * es);
+      __m512 qv = _mm512_loadu_ps(q0 + d);
+      a0 = _mm512_fmadd_ps(qv, k0, a0);
+      b0 = _mm512_fmadd_ps(qv, k1, b0);
+      qv = _mm512_loadu_ps(q1 + d);
+      a1 = _mm512_fmadd_ps(qv, k0, a1);
+      b1 = _mm512_fmadd_ps(qv, k1, b1);
+      qv = _mm512_loadu_ps(q2 + d);
+      a2 = _mm512_fmadd_ps(qv, k0, a2);
+      b2 = _mm512_fmadd_ps(qv, k1, b2);
+      qv = _mm512_loadu_ps(q3 + d);
+      a3 = _mm512_fmadd_ps(qv, k0, a3);
+      b3 = _mm512_fmadd_ps(qv, k1, b3);
+    }
+    _mm_storeu_ps(S4 + 4 * (t - a), hsum4_512(a0, a1, a2, a3));
+    _mm_storeu_ps(S4 + 4 * (t + 1 - a), hsum4_512(b0, b1, b2, b3));
+  }
+  for (; t < b; ++t) {
+    const char* kp = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     for (int64_t d = 0; d < D; d += 16) {
       const __m512 kv = load16<T>(kp + d * es);
