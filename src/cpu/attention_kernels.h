@@ -91,7 +91,7 @@ bool begin_partials(int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rb
 /// the chunk is walked in tiles of kGroupTile tokens with every block's pass over a tile back to
 /// back, so K and V are read from memory once for all of them (then from L1 / L2).
 constexpr int kMaxGroupBlocks = 8;
-constexpr int64_t kGroupTile = 128;
+constexpr int64_t kGroupTile = 128;  // tiles of 16 to 2048 tokens measured within noise (about 5%)
 void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t D, const RowBlock* const* rbs, int nb,
                          UnitScratch& scratch, Partial* const* outs);
 
