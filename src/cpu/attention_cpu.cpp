@@ -4,10 +4,14 @@
 // Layout: q [batch, n_heads, q_len, head_dim], k/v [batch, n_kv_heads, kv_len, head_dim], any
 // float dtype and strides. Work units are (batch, kv head, block of 4 query rows, chunk of
 // kDenseChunk key positions); the 4 rows of a block share each K/V row read (GQA: K/V are
-// never repeated). Inside a unit: scores of all chunk tokens (F16C/AVX-512 dot products of a
-// key row against 4 query rows, the 4 sums reduced together), then per-row max, exp and the
-// value accumulation (4 rows × 64 dims = 16 zmm accumulators per pass). Decode reads each
-// K/V byte exactly once, so on this machine it runs at memory bandwidth.
+// never repeated). The units of up to 8 blocks of one (batch, kv head) over the same chunk
+// (groups of more than 4 heads, several queries) run as one task that walks the chunk in
+// tiles, every block's pass over a tile back to back (dense_partial_group), so those blocks
+// too read each K/V byte from memory once. Inside a unit: scores of all chunk tokens
+// (F16C/AVX-512 dot products of two key rows against 4 query rows, the sums reduced 4 at a
+// time), then per-row max, exp and the value accumulation (4 rows × 64 dims = 16 zmm
+// accumulators per pass). Decode reads each K/V byte exactly once, so on this machine it runs
+// at memory bandwidth.
 #include <algorithm>
 #include <cstring>
 #include <limits>
