@@ -50,6 +50,8 @@
 //                          codebook by default: n_centroids·sub_dim bytes; the CPU attention
 //                          reads them, ProductQuantizer::codebook_i8)
 //                          + λ and 1/λ (n_kv_heads·head_dim·4 each, f32; 0 for identity)
+//                          + both codebooks as the encoder's scan reads them, transposed
+//                          ((sub_dim + 1)·n_centroids·4 each, n_centroids rounded up to 16)
 //   nbytes()               every buffer actually allocated: capacity slack, the whole ring /
 //                          pending ring, plus codebook_bytes(). Per-thread attention scratch
 //                          (LUT, histogram, scores: ~0.5 MiB per thread for d4b8 decode) and
@@ -87,6 +89,7 @@ namespace veloxquant {
 
 namespace detail {
 class GridSearch;
+struct PreparedCentroids;
 }
 
 /// Everything attention on codes needs, as non-owning views (CPU). Token positions: 0 ..
@@ -202,6 +205,7 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   Tensor window_rows(bool keys) const;      // window_keys / window_values
   std::optional<CacheState> staged_state_;  // set_state waiting for its set_meta_state
   void check_kv(const TensorView& keys, const TensorView& values) const;
+  void prepare_codebooks();  // key_prep_ / value_prep_ from key_pq_ / value_pq_
   void append(const TensorView& keys, const TensorView& values);
   void ensure_heads(int n_kv_heads);
   void grow(int64_t needed);
@@ -234,6 +238,9 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   // built once this cache has encoded detail::cpu_grid_build_after() token-heads, then every
   // encode goes through them (same codes; d4b12 keys ~1.8x faster on one thread).
   std::shared_ptr<const detail::GridSearch> key_grid_, value_grid_;
+  // The codebooks prepared for the nearest-centroid scan (pq_internal.h), kept so a decode
+  // step's encode does not re-prepare them; rebuilt wherever key_pq_ / value_pq_ change.
+  std::shared_ptr<const detail::PreparedCentroids> key_prep_, value_prep_;
   int64_t encoded_token_heads_ = 0;  // counted towards that threshold
   bool grids_tried_ = false;
 };

@@ -101,8 +101,13 @@ void KVCache::merge(const std::vector<const KVCache*>& others) {
 }
 
 int default_threads() {
-  const unsigned n = std::thread::hardware_concurrency();
-  return n > 0 ? int(n) : 1;
+  // Asked once: std::thread::hardware_concurrency() reads a sysfs file on every call with glibc
+  // (open, read, close: ~10 us, more than a decode step's whole encode of one token per head).
+  static const int n = [] {
+    const unsigned hw = std::thread::hardware_concurrency();
+    return hw > 0 ? int(hw) : 1;
+  }();
+  return n;
 }
 
 }  // namespace veloxquant

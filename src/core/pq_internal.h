@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 
 #include "veloxquant/pq.h"
 
@@ -29,6 +30,23 @@ void pq_check_code_range(const uint32_t* idx, int64_t n_rows, int64_t n_codes, i
 /// @param x [n, d]  @param cb [k, d]  @param assign [n]  @param dist [n] or null
 void nearest_centroids(const float* x, int64_t n, int d, const float* cb, int k, int32_t* assign, float* dist,
                        int n_threads);
+
+/// A codebook prepared for nearest_centroids: its centroids transposed and padded, and their
+/// norms. nearest_centroids(x, ..., cb, ...) prepares one per call; callers that search a few
+/// points at a time (a decode step encodes one token per head) keep one, since preparing reads
+/// and rewrites the whole codebook: more work than one token's search (a d4b12 codebook: 16384
+/// floats against 32 sub-vectors).
+struct PreparedCentroids;
+std::shared_ptr<const PreparedCentroids> prepare_centroids(const float* cb, int k, int d);
+/// The bytes a prepared codebook holds ((d + 1)·k floats, k rounded up to 16).
+int64_t prepared_bytes(const PreparedCentroids& p);
+/// nearest_centroids against p, prepared from cb [k, d] (cb itself is read for the exact
+/// re-ranking of near-ties). ValueError when p was prepared for another k or d.
+void nearest_centroids(const PreparedCentroids& p, const float* x, int64_t n, int d, const float* cb, int k,
+                       int32_t* assign, float* dist, int n_threads);
+/// ProductQuantizer::encode through p, prepared from pq.codebook: the same codes.
+void pq_encode_prepared(const ProductQuantizer& pq, const PreparedCentroids& p, const float* x, int64_t n,
+                        uint8_t* codes, int n_threads = 1);
 
 /// n_threads (0 = hardware concurrency) capped so each thread gets >= min_items_per_thread items.
 int resolve_thread_count(int n_threads, int64_t n_items, int64_t min_items_per_thread);

@@ -123,20 +123,38 @@ void ProductQuantizer::set_random_codebook(uint64_t seed, float stddev) {
 
 // ---- encode ---------------------------------------------------------------------------------
 
-void ProductQuantizer::encode(const float* x, int64_t n, uint8_t* codes, int n_threads) const {
-  detail::pq_check_ready(*this, "ProductQuantizer::encode");
-  VQ_CHECK_VALUE(n >= 0, "ProductQuantizer::encode: n must be >= 0, got " << n);
+namespace {
+// x [n, head_dim] is x [n·n_sub, sub_dim]: one nearest-centroid search (search(x, points,
+// assign)) over all sub-vectors, then pack each row. Done in slabs of rows to bound the index
+// scratch.
+template <typename Search>
+void encode_rows(const ProductQuantizer& pq, const float* x, int64_t n, uint8_t* codes, const char* what,
+                 Search&& search) {
+  detail::pq_check_ready(pq, what);
+  VQ_CHECK_VALUE(n >= 0, what << ": n must be >= 0, got " << n);
   if (n == 0) return;
-  // x [n, head_dim] is x [n·n_sub, sub_dim]: one nearest-centroid search over all sub-vectors,
-  // then pack each row. Done in slabs of rows to bound the index scratch.
-  const int64_t slab = std::max<int64_t>(1, 65536 / n_sub);
-  std::vector<int32_t> idx(size_t(std::min(n, slab) * n_sub));
+  const int64_t slab = std::max<int64_t>(1, 65536 / pq.n_sub);
+  std::vector<int32_t> idx(size_t(std::min(n, slab) * pq.n_sub));
   for (int64_t r0 = 0; r0 < n; r0 += slab) {
     const int64_t rows = std::min(slab, n - r0);
-    detail::nearest_centroids(x + r0 * head_dim, rows * n_sub, sub_dim, codebook.data(), n_centroids, idx.data(),
-                              nullptr, n_threads);
-    pack_codes(reinterpret_cast<const uint32_t*>(idx.data()), rows, n_sub, codebook_bits, codes + r0 * code_bytes);
+    search(x + r0 * pq.head_dim, rows * pq.n_sub, idx.data());
+    pack_codes(reinterpret_cast<const uint32_t*>(idx.data()), rows, pq.n_sub, pq.codebook_bits,
+               codes + r0 * pq.code_bytes);
   }
+}
+}  // namespace
+
+void ProductQuantizer::encode(const float* x, int64_t n, uint8_t* codes, int n_threads) const {
+  encode_rows(*this, x, n, codes, "ProductQuantizer::encode", [&](const float* xs, int64_t m, int32_t* idx) {
+    detail::nearest_centroids(xs, m, sub_dim, codebook.data(), n_centroids, idx, nullptr, n_threads);
+  });
+}
+
+void detail::pq_encode_prepared(const ProductQuantizer& pq, const PreparedCentroids& p, const float* x, int64_t n,
+                                uint8_t* codes, int n_threads) {
+  encode_rows(pq, x, n, codes, "pq_encode_prepared", [&](const float* xs, int64_t m, int32_t* idx) {
+    detail::nearest_centroids(p, xs, m, pq.sub_dim, pq.codebook.data(), pq.n_centroids, idx, nullptr, n_threads);
+  });
 }
 
 // ---- decode / LUT ---------------------------------------------------------------------------

@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "core/pq_internal.h"
+#include "veloxquant/cache.h"
 #include "veloxquant/error.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__)
@@ -473,8 +474,7 @@ void nearest_range(const SoACentroids& s, ScoreFn score, const float* x, const f
 }  // namespace
 
 int resolve_thread_count(int n_threads, int64_t n_items, int64_t min_items_per_thread) {
-  const int hw = int(std::max(1u, std::thread::hardware_concurrency()));
-  const int t = n_threads > 0 ? n_threads : hw;
+  const int t = n_threads > 0 ? n_threads : default_threads();
   const int64_t cap = std::max<int64_t>(1, n_items / std::max<int64_t>(1, min_items_per_thread));
   return int(std::max<int64_t>(1, std::min<int64_t>(t, cap)));
 }
@@ -507,10 +507,34 @@ void parallel_ranges(int64_t n, int n_threads, const std::function<void(int64_t,
     if (e) std::rethrow_exception(e);
 }
 
+struct PreparedCentroids {
+  SoACentroids s;
+};
+
+std::shared_ptr<const PreparedCentroids> prepare_centroids(const float* cb, int k, int d) {
+  auto p = std::make_shared<PreparedCentroids>();
+  p->s = make_soa(cb, k, d);
+  return p;
+}
+
+int64_t prepared_bytes(const PreparedCentroids& p) {
+  return int64_t(sizeof(float)) * int64_t(p.s.cbT.size() + p.s.norms.size());
+}
+
 void nearest_centroids(const float* x, int64_t n, int d, const float* cb, int k, int32_t* assign, float* dist,
                        int n_threads) {
   if (n <= 0) return;
-  const SoACentroids s = make_soa(cb, k, d);
+  const PreparedCentroids p{make_soa(cb, k, d)};
+  nearest_centroids(p, x, n, d, cb, k, assign, dist, n_threads);
+}
+
+void nearest_centroids(const PreparedCentroids& p, const float* x, int64_t n, int d, const float* cb, int k,
+                       int32_t* assign, float* dist, int n_threads) {
+  VQ_CHECK_VALUE(p.s.K == k && p.s.d == d, "nearest_centroids: the prepared codebook has " << p.s.K << " x " << p.s.d
+                                                                                          << " centroids, the search "
+                                                                                          << k << " x " << d);
+  if (n <= 0) return;
+  const SoACentroids& s = p.s;
   const ScoreFn score = pick_score_fn(d);
   const Top2Fn top2 = pick_top2_fn(d);
   // ≥ ~256k point·centroid·dim evaluations per thread before another thread pays for its start

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "core/attention_internal.h"
+#include "core/pq_internal.h"
 #include "cpu/cache_common.h"
 #include "cpu/pq_grid_search.h"
 #include "cpu/simd_util.h"
@@ -80,6 +81,7 @@ VecInferKVCache::VecInferKVCache(const KVCacheConfig& config) : config_(config) 
   if (!config_.key_codebook) key_pq_.set_random_codebook(config_.seed);
   if (!config_.value_codebook) value_pq_.set_random_codebook(config_.seed + 0x5bd1e995ull);
   if (config_.int8_key_grid) key_pq_.set_codebook(snap_to_int8_grid(key_pq_.codebook));
+  prepare_codebooks();
   config_.key_codebook.reset();
   config_.value_codebook.reset();
   int h = config_.n_kv_heads;
@@ -149,10 +151,10 @@ void VecInferKVCache::append(const TensorView& keys, const TensorView& values) {
       if (w2 == 0) {
         tf.forward_keys(x, n, int(h));
         if (kgs) detail::pq_encode_grid(key_pq_, *kgs, x, n, kc.data() + bh * n * kcb);
-        else key_pq_.encode(x, n, kc.data() + bh * n * kcb, 1);
+        else detail::pq_encode_prepared(key_pq_, *key_prep_, x, n, kc.data() + bh * n * kcb);
       } else {
         if (vgs) detail::pq_encode_grid(value_pq_, *vgs, x, n, vc.data() + bh * n * vcb);
-        else value_pq_.encode(x, n, vc.data() + bh * n * vcb, 1);
+        else detail::pq_encode_prepared(value_pq_, *value_prep_, x, n, vc.data() + bh * n * vcb);
       }
     }
   });
@@ -390,7 +392,13 @@ int64_t VecInferKVCache::codebook_bytes() const {
   const int64_t f = int64_t(sizeof(float));
   return f * int64_t(key_pq_.codebook.size() + key_pq_.centroid_norms.size() + value_pq_.codebook.size() +
                      value_pq_.centroid_norms.size() + transform_.lambda.size() + transform_.inv_lambda.size()) +
-         int64_t(key_pq_.codebook_i8.size() + value_pq_.codebook_i8.size());  // int8 rows, where on the grid
+         int64_t(key_pq_.codebook_i8.size() + value_pq_.codebook_i8.size()) +  // int8 rows, where on the grid
+         detail::prepared_bytes(*key_prep_) + detail::prepared_bytes(*value_prep_);  // the scan's forms
+}
+
+void VecInferKVCache::prepare_codebooks() {
+  key_prep_ = detail::prepare_centroids(key_pq_.codebook.data(), key_pq_.n_centroids, key_pq_.sub_dim);
+  value_prep_ = detail::prepare_centroids(value_pq_.codebook.data(), value_pq_.n_centroids, value_pq_.sub_dim);
 }
 
 double VecInferKVCache::assigned_avg_bits() const {
@@ -686,6 +694,13 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
       if (t_wv) linear_to_ring(t_wv->data(), rc, rv.data(), R, offset - rc, nbh, rc, D * es);
     }
   }
+  // the scan's prepared codebooks: the cache's own when the codebooks are
+  const bool same_codebooks = kp.codebook == key_pq_.codebook && vp.codebook == value_pq_.codebook;
+  std::shared_ptr<const detail::PreparedCentroids> kprep = key_prep_, vprep = value_prep_;
+  if (!same_codebooks) {
+    kprep = detail::prepare_centroids(kp.codebook.data(), kp.n_centroids, kp.sub_dim);
+    vprep = detail::prepare_centroids(vp.codebook.data(), vp.n_centroids, vp.sub_dim);
+  }
   // ---- commit (no throws below) --------------------------------------------------------------------
   c.key_codebook.reset();
   c.value_codebook.reset();
@@ -695,7 +710,7 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   c.stream = config_.stream;
   config_ = std::move(c);
   mode_ = m;
-  if (kp.codebook != key_pq_.codebook || vp.codebook != value_pq_.codebook) {  // grids of other codebooks
+  if (!same_codebooks) {  // grids of other codebooks
     key_grid_.reset();
     value_grid_.reset();
     grids_tried_ = false;
@@ -703,6 +718,8 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   }
   key_pq_ = kp;
   value_pq_ = vp;
+  key_prep_ = std::move(kprep);
+  value_prep_ = std::move(vprep);
   transform_ = std::move(tf);
   random_codebooks_ = random_cb;
   offset_ = offset;

@@ -167,7 +167,9 @@ TEST(VecInferCache, SmoothFactorsBf16StorageNoHadamardAndOddHeadDims) {
       // the key codebook sits on its int8 grid (int8_key_grid), so its int8 rows are held too
       EXPECT_EQ(c.key_quantizer().codebook_i8.size(), size_t(64 * 4));
       EXPECT_TRUE(c.value_quantizer().codebook_i8.empty());  // random values: off the grid
-      EXPECT_EQ(c.codebook_bytes(), 4 * (64 * 4 + 64 + 32 * 8 + 32 + 2 * 3 * hd) + 64 * 4);
+      // + the encoder's transposed forms, (sub_dim + 1) x n_centroids floats each (64 and 32
+      // centroids: already multiples of the 16 they are padded to)
+      EXPECT_EQ(c.codebook_bytes(), 4 * (64 * 4 + 64 + 32 * 8 + 32 + 2 * 3 * hd) + 64 * 4 + 4 * (5 * 64 + 9 * 32));
       EXPECT_DOUBLE_EQ(c.assigned_avg_bits(), (6.0 / 4 + 5.0 / 8) / 2);
       KV b = random_kv(1, 2, 5, hd, DType::F32, false, rng);
       EXPECT_THROW(c.update(b.k.view, b.v.view), ShapeError);  // n_kv_heads 2 vs λ's 3

@@ -117,9 +117,9 @@ TEST(Cli, InfoReportsWhatRunsOnCuda) {
   EXPECT_NE(bad.out.find("veloxquant: error: "), std::string::npos) << bad.out;
 }
 
-// `bench` on a small shape: a verify batch (--q-len 3) times both caches and says so; a q_len
-// past the context is refused naming both.
-TEST(Cli, BenchTimesVerifyBatches) {
+// `bench` on a small shape: a verify batch (--q-len 3) and whole decode steps (--step) time
+// both caches and say so; a q_len past the context is refused naming both.
+TEST(Cli, BenchTimesVerifyBatchesAndSteps) {
   REQUIRE_CLI();
   CliRun r = run("bench --json --ctx 600 --q-len 3 --heads 8 --kv-heads 1 --head-dim 64 --repeats 2 --threads 1");
   ASSERT_EQ(r.status, 0) << r.out;
@@ -129,6 +129,16 @@ TEST(Cli, BenchTimesVerifyBatches) {
   EXPECT_GT(j["fp16"]["median_ms"].get<double>(), 0.0);
   EXPECT_GT(j["vecinfer"]["median_ms"].get<double>(), 0.0);
   EXPECT_GT(j["bytes_ratio"].get<double>(), 1.0);
+  EXPECT_EQ(j["step"], false);
+  // --step: whole decode steps (update one token, then attend), said so in the JSON and the text
+  CliRun st = run("bench --json --step --ctx 300 --heads 4 --kv-heads 2 --head-dim 64 --repeats 3 --threads 1");
+  ASSERT_EQ(st.status, 0) << st.out;
+  const nlohmann::json js = nlohmann::json::parse(st.out);
+  EXPECT_EQ(js["step"], true);
+  EXPECT_GT(js["vecinfer"]["median_ms"].get<double>(), 0.0);
+  CliRun tx = run("bench --step --ctx 300 --heads 4 --kv-heads 2 --head-dim 64 --repeats 3 --threads 1");
+  ASSERT_EQ(tx.status, 0) << tx.out;
+  EXPECT_EQ(tx.out.rfind("decode step (update one token + attention)", 0), 0u) << tx.out;
   CliRun bad = run("bench --ctx 4 --q-len 5");
   EXPECT_NE(bad.status, 0);
   EXPECT_NE(bad.out.find("veloxquant: error: bench: --q-len (5) must be between 1 and --ctx (4)"), std::string::npos)

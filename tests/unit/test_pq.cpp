@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "core/pq_internal.h"
 #include "veloxquant/error.h"
 #include "veloxquant/pq.h"
 
@@ -129,6 +130,44 @@ TEST(ProductQuantizer, EncodeEqualsRefManyCombos) {
     pq.encode(x.data(), n, got_mt.data(), 3);
     ASSERT_EQ(got_mt, ref) << "multithreaded encode";
   }
+}
+
+// A codebook prepared once (what the CPU cache keeps, so a decode step's one-token encode does
+// not re-prepare it) gives the oracle's codes, call after call, one row or many, ties and
+// non-finite rows included; one prepared for another shape is refused naming both.
+TEST(ProductQuantizer, PreparedCodebookEncodesAsTheOracle) {
+  const Combo combos[] = {{128, 4, 8}, {128, 4, 12}, {128, 8, 8}, {96, 3, 7}, {64, 16, 11}, {128, 1, 4}};
+  for (const Combo& cb : combos) {
+    const uint32_t seed = uint32_t(cb.head_dim * 7 + cb.sub_dim * 3 + cb.bits);
+    SCOPED_TRACE("head_dim=" + std::to_string(cb.head_dim) + " sub_dim=" + std::to_string(cb.sub_dim) +
+                 " bits=" + std::to_string(cb.bits));
+    ProductQuantizer pq(cb.head_dim, {cb.sub_dim, cb.bits});
+    pq.set_random_codebook(seed);
+    const auto prep = detail::prepare_centroids(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
+    EXPECT_EQ(detail::prepared_bytes(*prep),
+              int64_t(4) * (cb.sub_dim + 1) * ((pq.n_centroids + 15) / 16 * 16));
+    std::vector<float> x = randn(size_t(40) * cb.head_dim, seed + 1);
+    for (int j = 0; j < cb.sub_dim; ++j) x[size_t(j)] = pq.codebook[size_t(1) * cb.sub_dim + j];  // a tie
+    x[size_t(cb.head_dim + 1)] = std::numeric_limits<float>::infinity();                        // row 1
+    std::vector<uint8_t> ref(size_t(40 * pq.code_bytes));
+    pq_encode_ref(pq, x.data(), 40, ref.data());
+    std::vector<uint8_t> got(ref.size(), 0xAB);
+    for (int64_t r = 0; r < 40; ++r)  // one row a call, as a decode step
+      detail::pq_encode_prepared(pq, *prep, x.data() + r * cb.head_dim, 1, got.data() + r * pq.code_bytes);
+    EXPECT_EQ(got, ref);
+    std::vector<uint8_t> all(ref.size(), 0xCD);
+    detail::pq_encode_prepared(pq, *prep, x.data(), 40, all.data(), 2);
+    EXPECT_EQ(all, ref);
+  }
+  ProductQuantizer a(16, {4, 6}), b(16, {4, 7});
+  a.set_random_codebook(1);
+  b.set_random_codebook(2);
+  const auto pa = detail::prepare_centroids(a.codebook.data(), a.n_centroids, a.sub_dim);
+  std::vector<float> x = randn(16, 3);
+  std::vector<uint8_t> codes(size_t(b.code_bytes));
+  const std::string w = what_of([&] { detail::pq_encode_prepared(b, *pa, x.data(), 1, codes.data()); });
+  EXPECT_NE(w.find("64 x 4"), std::string::npos) << w;
+  EXPECT_NE(w.find("128 x 4"), std::string::npos) << w;
 }
 
 TEST(ProductQuantizer, EncodeTiesGoToLowestIndex) {

@@ -4,8 +4,10 @@
 // values, and the VecInfer cache uses seeded random codebooks unless --artifact is given), then
 // one decode step is timed on each: one warm-up, then the median of --repeats runs. The step
 // has q_len 1, or --q-len queries at the last positions, causal (a speculative-decoding verify
-// batch or a small prefill chunk). Printed: both medians, the speed ratio, and the ratio of
-// bytes held.
+// batch or a small prefill chunk). With --step each timed call is a whole decode step: update
+// with one new token per kv head (the VecInfer cache encodes the token leaving its window),
+// then attend; the caches grow by one token per call. Printed: both medians, the speed ratio,
+// and the ratio of bytes held.
 //
 // Device: the caches come from KVCacheFactory with config.device, so --device cuda runs the
 // CUDA caches where the build has them. time_decode() is the one place that would need a
@@ -14,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <utility>
 
 #include "common.h"
 #include "subcommand.h"
@@ -26,12 +29,16 @@ namespace {
 
 using namespace veloxquant;
 
-double time_decode(const KVCache& cache, const TensorView& q, const SdpaParams& sdpa, int repeats,
-                   std::vector<double>* all) {
+// step_kv: null, or one token per kv head [batch, n_kv_heads, 1, head_dim] appended before
+// each attention call (a decode step).
+double time_decode(KVCache& cache, const TensorView& q, const SdpaParams& sdpa, int repeats,
+                   const std::pair<TensorView, TensorView>* step_kv, std::vector<double>* all) {
+  if (step_kv) cache.update(step_kv->first, step_kv->second);
   Tensor out = cache.fused_sdpa(q, sdpa);  // warm-up (and allocation)
   std::vector<double> t;
   for (int r = 0; r < repeats; ++r) {
     const auto t0 = std::chrono::steady_clock::now();
+    if (step_kv) cache.update(step_kv->first, step_kv->second);
     out = cache.fused_sdpa(q, sdpa);
     t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -50,6 +57,9 @@ class BenchCommand final : public Command {
     app.add_option("--batch", batch_, "batch")->capture_default_str();
     app.add_option("--q-len", q_len_, "queries per step, causal at the last positions (1: decode; 2-16: a verify batch)")
         ->capture_default_str();
+    app.add_flag("--step", step_,
+                 "time whole decode steps: update with one new token per kv head, then attend (the caches grow by one "
+                 "token per call)");
     app.add_option("--keys", keys_, "VecInfer key quantizer")->capture_default_str();
     app.add_option("--values", values_, "VecInfer value quantizer")->capture_default_str();
     app.add_option("--residual", residual_, "VecInfer fp16 residual window")->capture_default_str();
@@ -134,9 +144,13 @@ class BenchCommand final : public Command {
     sdpa.n_threads = threads_;
     sdpa.causal = true;  // q_len 1: every token visible either way
 
+    Tensor k1 = Tensor::empty({batch_, kv_heads_, 1, head_dim_}, DType::F32);
+    Tensor v1 = Tensor::empty({batch_, kv_heads_, 1, head_dim_}, DType::F32);
+    for (int64_t i = 0; i < k1.numel(); ++i) k1.ptr<float>()[i] = nd(rng), v1.ptr<float>()[i] = nd(rng);
+    const std::pair<TensorView, TensorView> step_kv{k1.view(), v1.view()};
     std::vector<double> tf_all, tv_all;
-    const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, &tf_all);
-    const double tv = time_decode(*vec, q.view(), sdpa, repeats_, &tv_all);
+    const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tf_all);
+    const double tv = time_decode(*vec, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tv_all);
     const int64_t bf = fp16->nbytes(), bv = vec->nbytes();
     const double kv_bytes = double(batch_) * kv_heads_ * double(ctx_) * head_dim_ * 2 * 2;  // fp16 K+V
 
@@ -148,6 +162,7 @@ class BenchCommand final : public Command {
                             {"head_dim", head_dim_},
                             {"ctx", ctx_},
                             {"q_len", q_len_}}},
+                          {"step", step_},
                           {"device", device_},
                           {"attention_codebooks", codebooks_},
                           {"keys", keys_},
@@ -162,10 +177,9 @@ class BenchCommand final : public Command {
       write_json(j, "-");
       return 0;
     }
-    std::printf("decode attention, batch %lld, q_len %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, "
-                "median of %d\n",
-                (long long)batch_, (long long)q_len_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(),
-                repeats_);
+    std::printf("%s, batch %lld, q_len %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, median of %d\n",
+                step_ ? "decode step (update one token + attention)" : "decode attention", (long long)batch_,
+                (long long)q_len_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(), repeats_);
     Table t({"cache", "config", "median ms", "bytes held", "fp16 K/V read GB/s"});
     t.add_row({fp16->class_name(), "fp16", strf("%.3f", tf * 1e3), human_bytes(double(bf)),
                strf("%.1f", kv_bytes / tf / 1e9)});
@@ -189,7 +203,7 @@ class BenchCommand final : public Command {
   int64_t ctx_ = 32768, batch_ = 1, q_len_ = 1;
   uint64_t seed_ = 0;
   std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "i8";
-  bool json_ = false;
+  bool json_ = false, step_ = false;
 };
 
 VQ_REGISTER_COMMAND(BenchCommand, "bench", "Time decode attention: VecInfer vs the fp16 cache, same shape")
