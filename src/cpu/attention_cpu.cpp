@@ -15,8 +15,6 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
-#include <map>
-#include <tuple>
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
@@ -389,21 +387,27 @@ std::vector<Task> group_units(const std::vector<Unit>& units, const std::vector<
   std::vector<Task> tasks;
   tasks.reserve(units.size());
   const int64_t n_rbs = int64_t(first_unit.size()) - 1;
-  std::map<std::tuple<int, int64_t, int64_t>, size_t> open;  // (kind, t0, t1) -> its task
+  // The tasks of the current (batch, kv head) that can still take a unit: a few per chunk, so
+  // a linear search (this runs every decode step; a map's allocations cost more).
+  std::vector<size_t> open;
   for (int64_t id = 0; id < n_rbs; ++id) {
     if (id % NRB == 0) open.clear();  // a new (batch, kv head)
     for (int64_t u = first_unit[size_t(id)]; u < first_unit[size_t(id + 1)]; ++u) {
       const Unit& x = units[size_t(u)];
-      const auto key = std::make_tuple(x.kind, x.t0, x.t1);
-      auto it = open.find(key);
-      if (it != open.end() && tasks[it->second].n < max_blocks) {
-        Task& t = tasks[it->second];
+      size_t* hit = nullptr;
+      for (size_t& o : open) {
+        const Unit& y = units[size_t(tasks[o].u[0])];
+        if (y.kind == x.kind && y.t0 == x.t0 && y.t1 == x.t1) hit = &o;
+      }
+      if (hit) {  // (at most one open task per key: full ones leave the list)
+        Task& t = tasks[*hit];
         t.u[t.n++] = u;
+        if (t.n == max_blocks) *hit = open.back(), open.pop_back();
       } else {
         Task t;
         t.u[0] = u;
         t.n = 1;
-        open[key] = tasks.size();
+        if (max_blocks > 1) open.push_back(tasks.size());
         tasks.push_back(t);
       }
     }

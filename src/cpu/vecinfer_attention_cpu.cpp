@@ -885,9 +885,10 @@ void vecinfer_attention_cpu(const VecInferAttentionInputs& in, const TensorView&
   const float scale = resolved_scale(params, D);
   const ProductQuantizer& kp = *in.key_pq;
   const ProductQuantizer& vp = *in.value_pq;
-  // Row blocks 2i and 2i+1 of a (batch, kv head) share their coded units' passes (8 lanes)
-  // wherever both have a unit over the same tokens: groups of 5 to 8 heads at decode, and
-  // neighbouring queries in a prefill chunk. VQ_CPU_PAIR_ROW_BLOCKS=0 turns it off (A/B).
+  // Two row blocks of a (batch, kv head) share their coded units' passes (8 lanes) wherever
+  // both have a unit over the same tokens (group_units pairs them in order): groups of 5 to 8
+  // heads at decode, neighbouring queries in a prefill chunk. VQ_CPU_PAIR_ROW_BLOCKS=0 turns it
+  // off (A/B).
   static const bool pair_env = [] {
     const char* s = std::getenv("VQ_CPU_PAIR_ROW_BLOCKS");
     return !(s && s[0] == '0');
