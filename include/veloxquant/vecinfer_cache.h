@@ -205,7 +205,6 @@ class VecInferKVCache final : public KVCache, public VecInferAccounting {
   Tensor window_rows(bool keys) const;      // window_keys / window_values
   std::optional<CacheState> staged_state_;  // set_state waiting for its set_meta_state
   void check_kv(const TensorView& keys, const TensorView& values) const;
-  void prepare_codebooks();  // key_prep_ / value_prep_ from key_pq_ / value_pq_
   void append(const TensorView& keys, const TensorView& values);
   void ensure_heads(int n_kv_heads);
   void grow(int64_t needed);

@@ -38,6 +38,10 @@ void nearest_centroids(const float* x, int64_t n, int d, const float* cb, int k,
 /// floats against 32 sub-vectors).
 struct PreparedCentroids;
 std::shared_ptr<const PreparedCentroids> prepare_centroids(const float* cb, int k, int d);
+/// pq's codebook, prepared (the form pq_encode_prepared takes).
+inline std::shared_ptr<const PreparedCentroids> prepare_centroids(const ProductQuantizer& pq) {
+  return prepare_centroids(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
+}
 /// The bytes a prepared codebook holds ((d + 1)·k floats, k rounded up to 16).
 int64_t prepared_bytes(const PreparedCentroids& p);
 /// nearest_centroids against p, prepared from cb [k, d] (cb itself is read for the exact

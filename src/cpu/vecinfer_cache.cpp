@@ -81,7 +81,8 @@ VecInferKVCache::VecInferKVCache(const KVCacheConfig& config) : config_(config) 
   if (!config_.key_codebook) key_pq_.set_random_codebook(config_.seed);
   if (!config_.value_codebook) value_pq_.set_random_codebook(config_.seed + 0x5bd1e995ull);
   if (config_.int8_key_grid) key_pq_.set_codebook(snap_to_int8_grid(key_pq_.codebook));
-  prepare_codebooks();
+  key_prep_ = detail::prepare_centroids(key_pq_);
+  value_prep_ = detail::prepare_centroids(value_pq_);
   config_.key_codebook.reset();
   config_.value_codebook.reset();
   int h = config_.n_kv_heads;
@@ -396,10 +397,6 @@ int64_t VecInferKVCache::codebook_bytes() const {
          detail::prepared_bytes(*key_prep_) + detail::prepared_bytes(*value_prep_);  // the scan's forms
 }
 
-void VecInferKVCache::prepare_codebooks() {
-  key_prep_ = detail::prepare_centroids(key_pq_.codebook.data(), key_pq_.n_centroids, key_pq_.sub_dim);
-  value_prep_ = detail::prepare_centroids(value_pq_.codebook.data(), value_pq_.n_centroids, value_pq_.sub_dim);
-}
 
 double VecInferKVCache::assigned_avg_bits() const {
   return (key_pq_.spec().bits_per_element() + value_pq_.spec().bits_per_element()) / 2.0;
@@ -697,10 +694,7 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   // the scan's prepared codebooks: the cache's own when the codebooks are
   const bool same_codebooks = kp.codebook == key_pq_.codebook && vp.codebook == value_pq_.codebook;
   std::shared_ptr<const detail::PreparedCentroids> kprep = key_prep_, vprep = value_prep_;
-  if (!same_codebooks) {
-    kprep = detail::prepare_centroids(kp.codebook.data(), kp.n_centroids, kp.sub_dim);
-    vprep = detail::prepare_centroids(vp.codebook.data(), vp.n_centroids, vp.sub_dim);
-  }
+  if (!same_codebooks) kprep = detail::prepare_centroids(kp), vprep = detail::prepare_centroids(vp);
   // ---- commit (no throws below) --------------------------------------------------------------------
   c.key_codebook.reset();
   c.value_codebook.reset();

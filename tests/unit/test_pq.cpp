@@ -143,7 +143,7 @@ TEST(ProductQuantizer, PreparedCodebookEncodesAsTheOracle) {
                  " bits=" + std::to_string(cb.bits));
     ProductQuantizer pq(cb.head_dim, {cb.sub_dim, cb.bits});
     pq.set_random_codebook(seed);
-    const auto prep = detail::prepare_centroids(pq.codebook.data(), pq.n_centroids, pq.sub_dim);
+    const auto prep = detail::prepare_centroids(pq);
     EXPECT_EQ(detail::prepared_bytes(*prep),
               int64_t(4) * (cb.sub_dim + 1) * ((pq.n_centroids + 15) / 16 * 16));
     std::vector<float> x = randn(size_t(40) * cb.head_dim, seed + 1);
