@@ -145,6 +145,30 @@ TEST(Cli, BenchTimesVerifyBatchesAndSteps) {
       << bad.out;
 }
 
+// `bench --cold` flushes the last-level cache before every timed call (at least 64 MiB read, and
+// said so), times both caches as usual, and is refused on cuda, where the GPU bench flushes L2.
+TEST(Cli, BenchColdFlushesBeforeEveryCall) {
+  REQUIRE_CLI();
+  CliRun r = run("bench --json --cold --ctx 300 --heads 4 --kv-heads 2 --head-dim 64 --repeats 3 --threads 1");
+  ASSERT_EQ(r.status, 0) << r.out;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["cold"], true);
+  EXPECT_GE(j["flush_bytes"].get<int64_t>(), int64_t(64) << 20);
+  EXPECT_GT(j["fp16"]["median_ms"].get<double>(), 0.0);
+  EXPECT_GT(j["vecinfer"]["median_ms"].get<double>(), 0.0);
+  CliRun warm = run("bench --json --ctx 300 --heads 4 --kv-heads 2 --head-dim 64 --repeats 3 --threads 1");
+  ASSERT_EQ(warm.status, 0) << warm.out;
+  const nlohmann::json jw = nlohmann::json::parse(warm.out);
+  EXPECT_EQ(jw["cold"], false);
+  EXPECT_EQ(jw["flush_bytes"].get<int64_t>(), 0);
+  CliRun tx = run("bench --cold --ctx 300 --heads 4 --kv-heads 2 --head-dim 64 --repeats 3 --threads 1");
+  ASSERT_EQ(tx.status, 0) << tx.out;
+  EXPECT_NE(tx.out.find(", cold ("), std::string::npos) << tx.out;
+  CliRun gpu = run("bench --cold --device cuda --ctx 300");
+  EXPECT_NE(gpu.status, 0);
+  EXPECT_NE(gpu.out.find("--cold flushes the CPU's last-level cache"), std::string::npos) << gpu.out;
+}
+
 TEST(Cli, CalibrateInspectRoundTrip) {
   REQUIRE_CLI();
   const std::string dir = tmp_dir();

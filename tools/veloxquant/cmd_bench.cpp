@@ -7,16 +7,24 @@
 // batch or a small prefill chunk). With --step each timed call is a whole decode step: update
 // with one new token per kv head (the VecInfer cache encodes the token leaving its window),
 // then attend; the caches grow by one token per call. Printed: both medians, the speed ratio,
-// and the ratio of bytes held.
+// and the ratio of bytes held. With --cold (CPU) the last-level cache is flushed before every
+// timed call (untimed: every thread reads its share of a buffer twice the L3's size), as a
+// model's other layers would between two calls on one layer's cache: both caches then read
+// from memory, where the warm loop flatters whichever fits in L3.
 //
 // Device: the caches come from KVCacheFactory with config.device, so --device cuda runs the
 // CUDA caches where the build has them. time_decode() is the one place that would need a
 // device synchronisation for asynchronous backends (fused_sdpa returns a host-visible Tensor).
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <memory>
 #include <random>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "common.h"
 #include "subcommand.h"
@@ -29,14 +37,46 @@ namespace {
 
 using namespace veloxquant;
 
+// Evicts the CPU caches' data from the last-level cache: `threads` threads read their shares of
+// a buffer twice the L3's size (64 MiB where the OS does not say), one byte a cache line.
+class LlcFlush {
+ public:
+  explicit LlcFlush(int threads) : threads_(std::max(1, threads)) {
+    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
+    buf_.assign(std::max<size_t>(size_t(64) << 20, l3 > 0 ? 2 * size_t(l3) : 0), 1);
+  }
+  size_t bytes() const { return buf_.size(); }
+  void operator()() {
+    std::vector<uint64_t> sums(size_t(threads_), 0);
+    auto part = [&](int t) {
+      const size_t a = buf_.size() * size_t(t) / size_t(threads_), b = buf_.size() * size_t(t + 1) / size_t(threads_);
+      uint64_t acc = 0;
+      for (size_t i = a; i < b; i += 64) acc += buf_[i];
+      sums[size_t(t)] = acc;
+    };
+    std::vector<std::thread> th;
+    for (int t = 1; t < threads_; ++t) th.emplace_back(part, t);
+    part(0);
+    for (auto& t : th) t.join();
+    for (uint64_t x : sums) sink_ = sink_ + x;  // volatile: the reads cannot be dropped
+  }
+
+ private:
+  int threads_;
+  std::vector<uint8_t> buf_;
+  volatile uint64_t sink_ = 0;
+};
+
 // step_kv: null, or one token per kv head [batch, n_kv_heads, 1, head_dim] appended before
-// each attention call (a decode step).
+// each attention call (a decode step). flush: null, or run before each call, untimed.
 double time_decode(KVCache& cache, const TensorView& q, const SdpaParams& sdpa, int repeats,
-                   const std::pair<TensorView, TensorView>* step_kv, std::vector<double>* all) {
+                   const std::pair<TensorView, TensorView>* step_kv, std::vector<double>* all,
+                   LlcFlush* flush) {
   if (step_kv) cache.update(step_kv->first, step_kv->second);
   Tensor out = cache.fused_sdpa(q, sdpa);  // warm-up (and allocation)
   std::vector<double> t;
   for (int r = 0; r < repeats; ++r) {
+    if (flush) (*flush)();
     const auto t0 = std::chrono::steady_clock::now();
     if (step_kv) cache.update(step_kv->first, step_kv->second);
     out = cache.fused_sdpa(q, sdpa);
@@ -71,6 +111,9 @@ class BenchCommand final : public Command {
         ->check(CLI::IsMember({"f16", "e4m3", "i8", "i8kv"}))
         ->capture_default_str();
     app.add_option("--repeats", repeats_, "timed repetitions (median)")->capture_default_str();
+    app.add_flag("--cold", cold_,
+                 "cpu: flush the last-level cache before every timed call (untimed), as a model's other layers "
+                 "would; without it both caches are timed warm, from L3 where they fit");
     app.add_option("--threads", threads_, "CPU threads (0: all cores)")->capture_default_str();
     app.add_option("--seed", seed_, "seed for K/V, queries and random codebooks")->capture_default_str();
     app.add_flag("--json", json_, "print JSON instead of text");
@@ -84,6 +127,9 @@ class BenchCommand final : public Command {
     VQ_CHECK_VALUE(q_len_ >= 1 && q_len_ <= ctx_,
                    "bench: --q-len (" << q_len_ << ") must be between 1 and --ctx (" << ctx_ << ")");
     const Device dev = device_ == "cuda" ? Device::cuda(0) : Device::cpu();
+    VQ_CHECK_VALUE(!cold_ || dev.is_cpu(),
+                   "bench: --cold flushes the CPU's last-level cache; on cuda, bench_decode_cuda flushes the GPU's L2 "
+                   "(its default --flush clean)");
 
     KVCacheConfig fp;
     fp.kind = CacheKind::FP16;
@@ -149,8 +195,10 @@ class BenchCommand final : public Command {
     for (int64_t i = 0; i < k1.numel(); ++i) k1.ptr<float>()[i] = nd(rng), v1.ptr<float>()[i] = nd(rng);
     const std::pair<TensorView, TensorView> step_kv{k1.view(), v1.view()};
     std::vector<double> tf_all, tv_all;
-    const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tf_all);
-    const double tv = time_decode(*vec, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tv_all);
+    std::unique_ptr<LlcFlush> flush;
+    if (cold_) flush = std::make_unique<LlcFlush>(threads_ > 0 ? threads_ : int(std::thread::hardware_concurrency()));
+    const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tf_all, flush.get());
+    const double tv = time_decode(*vec, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tv_all, flush.get());
     const int64_t bf = fp16->nbytes(), bv = vec->nbytes();
     const double kv_bytes = double(batch_) * kv_heads_ * double(ctx_) * head_dim_ * 2 * 2;  // fp16 K+V
 
@@ -169,6 +217,8 @@ class BenchCommand final : public Command {
                           {"values", values_},
                           {"residual_length", residual_},
                           {"repeats", repeats_},
+                          {"cold", cold_},
+                          {"flush_bytes", flush ? int64_t(flush->bytes()) : int64_t(0)},
                           {"fp16", {{"median_ms", tf * 1e3}, {"bytes", bf}, {"times_ms", ms(tf_all)}}},
                           {"vecinfer", {{"median_ms", tv * 1e3}, {"bytes", bv}, {"times_ms", ms(tv_all)}}},
                           {"speedup", tf / tv},
@@ -177,9 +227,11 @@ class BenchCommand final : public Command {
       write_json(j, "-");
       return 0;
     }
-    std::printf("%s, batch %lld, q_len %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, median of %d\n",
+    std::printf("%s, batch %lld, q_len %lld, %d query / %d kv heads, head_dim %d, %lld tokens, %s, median of %d%s\n",
                 step_ ? "decode step (update one token + attention)" : "decode attention", (long long)batch_,
-                (long long)q_len_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(), repeats_);
+                (long long)q_len_, heads_, kv_heads_, head_dim_, (long long)ctx_, device_.c_str(), repeats_,
+                flush ? strf(", cold (%.0f MiB read before each call)", double(flush->bytes()) / 1048576.0).c_str()
+                      : ", warm");
     Table t({"cache", "config", "median ms", "bytes held", "fp16 K/V read GB/s"});
     t.add_row({fp16->class_name(), "fp16", strf("%.3f", tf * 1e3), human_bytes(double(bf)),
                strf("%.1f", kv_bytes / tf / 1e9)});
@@ -200,6 +252,7 @@ class BenchCommand final : public Command {
     return o;
   }
   int heads_ = 32, kv_heads_ = 8, head_dim_ = 128, residual_ = 128, repeats_ = 20, threads_ = 0;
+  bool cold_ = false;
   int64_t ctx_ = 32768, batch_ = 1, q_len_ = 1;
   uint64_t seed_ = 0;
   std::string keys_ = "d4b8", values_ = "d4b8", device_ = "cpu", artifact_, codebooks_ = "i8";
