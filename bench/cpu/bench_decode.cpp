@@ -205,20 +205,18 @@ void BM_paired(benchmark::State& state, bool cold) {
   SdpaParams p;
   std::vector<double> tf, tv;
   using clk = std::chrono::steady_clock;
+  auto flush_if_cold = [&] {
+    if (!cold) return;
+    state.PauseTiming();
+    flush_llc(s.threads);
+    state.ResumeTiming();
+  };
   for (auto _ : state) {
-    if (cold) {
-      state.PauseTiming();
-      flush_llc(s.threads);
-      state.ResumeTiming();
-    }
+    flush_if_cold();
     const auto t0 = clk::now();
     s.fp16->fused_sdpa_into(s.q.view(), s.out.view(), p);
     const auto t1 = clk::now();
-    if (cold) {
-      state.PauseTiming();
-      flush_llc(s.threads);
-      state.ResumeTiming();
-    }
+    flush_if_cold();
     const auto t2 = clk::now();
     s.vq->fused_sdpa_into(s.q.view(), s.out.view(), p);
     const auto t3 = clk::now();

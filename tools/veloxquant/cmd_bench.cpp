@@ -196,7 +196,7 @@ class BenchCommand final : public Command {
     const std::pair<TensorView, TensorView> step_kv{k1.view(), v1.view()};
     std::vector<double> tf_all, tv_all;
     std::unique_ptr<LlcFlush> flush;
-    if (cold_) flush = std::make_unique<LlcFlush>(threads_ > 0 ? threads_ : int(std::thread::hardware_concurrency()));
+    if (cold_) flush = std::make_unique<LlcFlush>(threads_ > 0 ? threads_ : default_threads());
     const double tf = time_decode(*fp16, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tf_all, flush.get());
     const double tv = time_decode(*vec, q.view(), sdpa, repeats_, step_ ? &step_kv : nullptr, &tv_all, flush.get());
     const int64_t bf = fp16->nbytes(), bv = vec->nbytes();
