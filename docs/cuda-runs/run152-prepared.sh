@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# run 152 (prepared, not run: docs/cuda-notes.md): the tree after the CUDA caches' shared eager
+# run 152 (run on an H100 on 2026-12-05: docs/cuda-notes.md): the tree after the CUDA caches' shared eager
 # attention; all CUDA tests, the i8 table with the peer, the split planner's window weight swept
 # at batch 1 and 8, a batch-1 profile of the defaults. Here: `git apply
 # docs/cuda-runs/run152-cuda-caches-shared-eager-attention.patch && bash scripts/gpu_bundle.sh`;

@@ -290,7 +290,54 @@ class CudaCacheBase : public CudaKVCache {
 
   bool is_trimmable() const override { return true; }
 
+  Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
+    Tensor out = Tensor::empty(queries.sizes(), queries.dtype, queries.device);
+    fused_sdpa_into(queries, out.view(), params);
+    return out;
+  }
+
+  /// Eager attention (both caches): queries and out on any device; every check before the
+  /// first launch, so a refused call changes nothing.
+  void fused_sdpa_into(const TensorView& queries, const TensorView& out, const SdpaParams& params) const override {
+    auto* self = const_cast<CudaCacheBase*>(this);
+    DeviceGuard g(device_.index);
+    const std::string who = class_name() + "::fused_sdpa (cuda)";
+    check_queries(queries, who.c_str());
+    VQ_CHECK_SHAPE(out.sizes() == queries.sizes(), "fused_sdpa: out " << out.shape_string() << " must match queries "
+                                                                      << queries.shape_string());
+    check_attention_context();
+    detail::check_sdpa_params(params);
+    VQ_CHECK_VALUE(!params.causal || queries.shape[2] <= offset(),
+                   "fused_sdpa: causal attention of " << queries.shape[2] << " queries over " << offset() << " tokens");
+    const Staged sq = stage(queries, device_, "queries");
+    Tensor dout;
+    TensorView o = out;
+    if (out.device != device_) {
+      dout = Tensor::empty(out.sizes(), out.dtype, device_);
+      o = dout.view();
+    }
+    self->run_attention(sq.view, o, params, 0, false, false);
+    if (dout.defined()) {
+      synchronize();
+      Tensor host = Tensor::copy_of(dout.view());
+      copy_into(host.view(), out);
+    }
+  }
+
+  /// decode_step over raw device pointers, shaped by the plan and the cache's batch and heads.
+  void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
+                       const SdpaParams& params) override {
+    const int64_t D = config_.head_dim;
+    decode_step(TensorView(const_cast<void*>(q), dt, {batch_, n_heads, q_len, D}, device_),
+                TensorView(const_cast<void*>(k), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(const_cast<void*>(v), dt, {batch_, n_kv_heads_, q_len, D}, device_),
+                TensorView(out, dt, {batch_, n_heads, q_len, D}, device_), params);
+  }
+
  protected:
+  /// A cache's own refusal of eager attention over what it holds (none by default).
+  virtual void check_attention_context() const {}
+
   struct Plan {
     int n_heads = 0, q_len = 0, nt = 1, row_chunks = 1, splits = 1;
     cuda::AttnConfigKey key{};
@@ -744,36 +791,6 @@ class CudaFP16Cache final : public CudaCacheBase {
     if (sk.keep.defined() || sv.keep.defined()) wait();  // the staged copies die here
   }
 
-  Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
-    Tensor out = Tensor::empty(queries.sizes(), queries.dtype, queries.device);
-    fused_sdpa_into(queries, out.view(), params);
-    return out;
-  }
-
-  void fused_sdpa_into(const TensorView& queries, const TensorView& out, const SdpaParams& params) const override {
-    auto* self = const_cast<CudaFP16Cache*>(this);
-    DeviceGuard g(device_.index);
-    detail::check_sdpa_params(params);
-    check_queries(queries, "KVCache::fused_sdpa (cuda)");
-    VQ_CHECK_SHAPE(out.sizes() == queries.sizes(), "fused_sdpa: out " << out.shape_string() << " must match queries "
-                                                                      << queries.shape_string());
-    VQ_CHECK_VALUE(!params.causal || queries.shape[2] <= offset(),
-                   "fused_sdpa: causal attention of " << queries.shape[2] << " queries over " << offset() << " tokens");
-    const Staged sq = stage(queries, device_, "queries");
-    Tensor dout;
-    TensorView o = out;
-    if (out.device != device_) {
-      dout = Tensor::empty(out.sizes(), out.dtype, device_);
-      o = dout.view();
-    }
-    self->run_attention(sq.view, o, params, 0, false, false);
-    if (dout.defined()) {
-      synchronize();
-      Tensor host = Tensor::copy_of(dout.view());
-      copy_into(host.view(), out);
-    }
-  }
-
   void decode_step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                    const SdpaParams& params) override {
     DeviceGuard g(device_.index);
@@ -788,15 +805,6 @@ class CudaFP16Cache final : public CudaCacheBase {
                              len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
     run_attention(q, out, params, n, true, true);
     if (!capturing()) for (auto& l : lens_) l += n;
-  }
-
-  void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
-                       const SdpaParams& params) override {
-    const int64_t D = config_.head_dim;
-    decode_step(TensorView(const_cast<void*>(q), dt, {batch_, n_heads, q_len, D}, device_),
-                TensorView(const_cast<void*>(k), dt, {batch_, n_kv_heads_, q_len, D}, device_),
-                TensorView(const_cast<void*>(v), dt, {batch_, n_kv_heads_, q_len, D}, device_),
-                TensorView(out, dt, {batch_, n_heads, q_len, D}, device_), params);
   }
 
   void reserve(int64_t max_tokens, int64_t batch) override {
@@ -1043,37 +1051,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     if (sk.keep.defined() || sv.keep.defined()) wait();  // the staged copies die here
   }
 
-  Tensor fused_sdpa(const TensorView& queries, const SdpaParams& params) const override {
-    Tensor out = Tensor::empty(queries.sizes(), queries.dtype, queries.device);
-    fused_sdpa_into(queries, out.view(), params);
-    return out;
-  }
-
-  void fused_sdpa_into(const TensorView& queries, const TensorView& out, const SdpaParams& params) const override {
-    auto* self = const_cast<CudaVecInferCache*>(this);
-    DeviceGuard g(device_.index);
-    check_queries(queries, "VecInferKVCache::fused_sdpa (cuda)");
-    VQ_CHECK_SHAPE(out.sizes() == queries.sizes(), "fused_sdpa: out " << out.shape_string() << " must match queries "
-                                                                      << queries.shape_string());
+  void check_attention_context() const override {
     VQ_CHECK_VALUE(offset() <= config_.fused_sdpa_max_ctx,
                    "VecInferKVCache::fused_sdpa: context of " << offset() << " tokens exceeds fused_sdpa_max_ctx="
                                                               << config_.fused_sdpa_max_ctx);
-    detail::check_sdpa_params(params);
-    VQ_CHECK_VALUE(!params.causal || queries.shape[2] <= offset(),
-                   "fused_sdpa: causal attention of " << queries.shape[2] << " queries over " << offset() << " tokens");
-    const Staged sq = stage(queries, device_, "queries");
-    Tensor dout;
-    TensorView o = out;
-    if (out.device != device_) {
-      dout = Tensor::empty(out.sizes(), out.dtype, device_);
-      o = dout.view();
-    }
-    self->run_attention(sq.view, o, params, 0, false, false);
-    if (dout.defined()) {
-      synchronize();
-      Tensor host = Tensor::copy_of(dout.view());
-      copy_into(host.view(), out);
-    }
   }
 
   void decode_step(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
@@ -1115,15 +1096,6 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       lens_[b] += n;
       rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);
     }
-  }
-
-  void decode_step_raw(const void* q, const void* k, const void* v, void* out, DType dt, int n_heads, int q_len,
-                       const SdpaParams& params) override {
-    const int64_t D = config_.head_dim;
-    decode_step(TensorView(const_cast<void*>(q), dt, {batch_, n_heads, q_len, D}, device_),
-                TensorView(const_cast<void*>(k), dt, {batch_, n_kv_heads_, q_len, D}, device_),
-                TensorView(const_cast<void*>(v), dt, {batch_, n_kv_heads_, q_len, D}, device_),
-                TensorView(out, dt, {batch_, n_heads, q_len, D}, device_), params);
   }
 
   void reserve(int64_t max_tokens, int64_t batch) override {

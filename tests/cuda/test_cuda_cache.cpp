@@ -35,6 +35,17 @@ const std::vector<Spec>& all_specs() {
 
 std::unique_ptr<KVCache> make_cuda(const KVCacheConfig& c) { return KVCacheFactory::create(on_cuda(c)); }
 
+/// Two states hold the same named tensors, byte for byte (host or device tensors).
+void expect_same_state(const CacheState& sa, const CacheState& sb, const std::string& what = "") {
+  ASSERT_EQ(sa.size(), sb.size()) << what;
+  for (size_t i = 0; i < sa.size(); ++i) {
+    EXPECT_EQ(sa[i].first, sb[i].first) << what;
+    const Tensor x = to_host(sa[i].second), y = to_host(sb[i].second);
+    ASSERT_EQ(x.sizes(), y.sizes()) << what << ": " << sa[i].first;
+    EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << what << ": " << sa[i].first << " differs";
+  }
+}
+
 CudaKVCache* as_cuda(KVCache* c) {
   auto* p = dynamic_cast<CudaKVCache*>(c);
   EXPECT_NE(p, nullptr);
@@ -1052,17 +1063,126 @@ TEST(CudaCache, BadInputsThrowAndLeaveTheCacheUnchanged) {
   Tensor big = random_tensor({1, 2, 3, 64}, DType::F32, rng);
   big.ptr<float>()[5] = 1e6f;  // beyond f16
   EXPECT_THROW(gpu->update(to_device(big).view(), to_device(ok).view()), ValueError);
-  const CacheState after = gpu->state();
-  ASSERT_EQ(before.size(), after.size());
-  for (size_t i = 0; i < before.size(); ++i) {
-    EXPECT_EQ(before[i].first, after[i].first);
-    const Tensor &x = before[i].second, &y = after[i].second;
-    ASSERT_EQ(x.nbytes(), y.nbytes());
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << before[i].first;
-  }
+  expect_same_state(before, gpu->state());
   EXPECT_EQ(gpu->offset(), 10);
   EXPECT_THROW(gpu->update_and_fetch(to_device(ok).view(), to_device(ok).view()), UnsupportedError);
   EXPECT_FALSE(as_cuda(gpu.get())->device_error());
+}
+
+// Eager attention's refusals, shared by both device caches: each names the offending shape or
+// limit, raises before any launch and leaves the cache as it was (state and an accepted call's
+// answer unchanged); the VecInfer cache's own limit (fused_sdpa_max_ctx) is refused the same way.
+TEST(CudaCache, RefusedAttentionNamesTheProblemAndLeavesTheCacheUnchanged) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(17);
+  for (bool vecinfer : {false, true}) {
+    KVCacheConfig c;
+    if (vecinfer) {
+      c = vq_config(Spec{4, 8, 4, 8}, CacheMode::MemoryBound, 64, 8, 2, rng);
+      c.fused_sdpa_max_ctx = 40;
+    } else {
+      c.kind = CacheKind::FP16;
+      c.head_dim = 64;
+      c.step = 32;
+    }
+    const std::string cls = vecinfer ? "VecInferKVCache" : "KVCache";
+    SCOPED_TRACE(cls);
+    auto gpu = make_cuda(c);
+    Tensor k = random_tensor({1, 2, 30, 64}, DType::F32, rng), v = random_tensor({1, 2, 30, 64}, DType::F32, rng);
+    gpu->update(to_device(k).view(), to_device(v).view());
+    const Tensor q = to_device(random_tensor({1, 8, 2, 64}, DType::F32, rng));
+    const std::vector<float> answer = floats(gpu->fused_sdpa(q.view(), {}));
+    const CacheState before = gpu->state();
+    auto refused = [&](auto&& call) -> std::string {
+      try {
+        call();
+      } catch (const Error& e) {
+        return e.what();
+      }
+      ADD_FAILURE() << "the call was accepted";
+      return {};
+    };
+    // out of another shape
+    Tensor wrong_out = Tensor::empty({1, 8, 3, 64}, DType::F32, Device::cuda(0));
+    EXPECT_NE(refused([&] { gpu->fused_sdpa_into(q.view(), wrong_out.view(), {}); }).find("[1, 8, 3, 64]"),
+              std::string::npos);
+    EXPECT_THROW(gpu->fused_sdpa_into(q.view(), wrong_out.view(), {}), ShapeError);
+    // queries whose heads are not a multiple of the cache's kv heads: the message names the class
+    const Tensor q3 = to_device(random_tensor({1, 3, 1, 64}, DType::F32, rng));
+    const std::string e3 = refused([&] { gpu->fused_sdpa(q3.view(), {}); });
+    EXPECT_NE(e3.find(cls + "::fused_sdpa (cuda)"), std::string::npos) << e3;
+    EXPECT_NE(e3.find("n_kv_heads=2"), std::string::npos) << e3;
+    // a causal call of more queries than the cache holds
+    const Tensor q40 = to_device(random_tensor({1, 8, 40, 64}, DType::F32, rng));
+    SdpaParams causal;
+    causal.causal = true;
+    EXPECT_NE(refused([&] { gpu->fused_sdpa(q40.view(), causal); }).find("40 queries over 30 tokens"),
+              std::string::npos);
+    SdpaParams bad_scale;
+    bad_scale.scale = NAN;
+    EXPECT_THROW(gpu->fused_sdpa(q.view(), bad_scale), ValueError);
+    if (vecinfer) {  // past fused_sdpa_max_ctx (40): refused, after a second update of 12 tokens
+      Tensor k2 = random_tensor({1, 2, 12, 64}, DType::F32, rng), v2 = random_tensor({1, 2, 12, 64}, DType::F32, rng);
+      auto twin = make_cuda(c);
+      twin->update(to_device(k).view(), to_device(v).view());
+      twin->update(to_device(k2).view(), to_device(v2).view());
+      const CacheState twin_before = twin->state();
+      const std::string e = refused([&] { twin->fused_sdpa(q.view(), {}); });
+      EXPECT_NE(e.find("context of 42 tokens exceeds fused_sdpa_max_ctx=40"), std::string::npos) << e;
+      expect_same_state(twin_before, twin->state());
+    }
+    expect_same_state(before, gpu->state());
+    EXPECT_EQ(gpu->offset(), 30);
+    const std::vector<float> again = floats(gpu->fused_sdpa(q.view(), {}));
+    EXPECT_LE(nmse(again, answer), 1e-12) << "an accepted call after the refusals answers as before them";
+    EXPECT_FALSE(as_cuda(gpu.get())->device_error());
+  }
+}
+
+// decode_step_raw is decode_step over raw device pointers: two twin caches, one stepped through
+// each, give the same outputs (the same kernels on the same inputs: NMSE <= 1e-12 between them)
+// and end in the same state, byte for byte (fp16 and VecInfer caches, f16 and f32 inputs).
+TEST(CudaDecode, RawPointerStepsEqualTensorSteps) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(23);
+  for (bool vecinfer : {false, true})
+    for (DType dt : {DType::F16, DType::F32}) {
+      KVCacheConfig c;
+      if (vecinfer) {
+        c = vq_config(Spec{4, 8, 4, 8}, CacheMode::MemoryBound, 128, 16, 2, rng);
+      } else {
+        c.kind = CacheKind::FP16;
+        c.head_dim = 128;
+        c.step = 64;
+      }
+      SCOPED_TRACE(std::string(vecinfer ? "VecInfer " : "fp16 ") + dtype_name(dt));
+      auto a = make_cuda(c), b = make_cuda(c);
+      CudaKVCache *ca = as_cuda(a.get()), *cb = as_cuda(b.get());
+      const int B = 2, H = 2, G = 4, D = 128, P = 70, steps = 5;
+      Tensor k = random_tensor({B, H, P, D}, DType::F32, rng), v = random_tensor({B, H, P, D}, DType::F32, rng);
+      for (CudaKVCache* x : {ca, cb}) {
+        x->update(to_device(k).view(), to_device(v).view());
+        x->reserve(P + steps, B);
+        x->plan_decode(H * G, 1, P + steps);
+      }
+      for (int st = 0; st < steps; ++st) {
+        const Tensor q = to_device(random_tensor({B, H * G, 1, D}, dt, rng));
+        const Tensor kn = to_device(random_tensor({B, H, 1, D}, dt, rng));
+        const Tensor vn = to_device(random_tensor({B, H, 1, D}, dt, rng));
+        Tensor oa = Tensor::empty({B, H * G, 1, D}, dt, Device::cuda(0));
+        Tensor ob = Tensor::empty({B, H * G, 1, D}, dt, Device::cuda(0));
+        ca->decode_step(q.view(), kn.view(), vn.view(), oa.view(), {});
+        cb->decode_step_raw(q.data(), kn.data(), vn.data(), ob.data(), dt, H * G, 1, {});
+        ca->synchronize();
+        cb->synchronize();
+        EXPECT_LE(nmse(floats(oa), floats(ob)), 1e-12) << "step " << st;
+      }
+      EXPECT_EQ(ca->offset(), P + steps);
+      EXPECT_EQ(cb->offset(), P + steps);
+      expect_same_state(a->state(), b->state());
+      EXPECT_FALSE(ca->device_error());
+      EXPECT_FALSE(cb->device_error());
+    }
 }
 
 // KVCacheFactory::create refuses exactly the configurations cuda_support reports with cache ==
@@ -1305,16 +1425,7 @@ TEST(CudaCache, StandardFetchMatchesTheCpuCache) {
 
 
 /// Every tensor of two caches' states byte for byte (lengths must be uniform).
-void expect_same_state(KVCache& a, KVCache& b, const std::string& what) {
-  const CacheState sa = a.state(), sb = b.state();
-  ASSERT_EQ(sa.size(), sb.size()) << what;
-  for (size_t i = 0; i < sa.size(); ++i) {
-    EXPECT_EQ(sa[i].first, sb[i].first) << what;
-    const Tensor x = to_host(sa[i].second), y = to_host(sb[i].second);
-    ASSERT_EQ(x.sizes(), y.sizes()) << what << ": " << sa[i].first;
-    EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << what << ": " << sa[i].first << " differs";
-  }
-}
+void expect_same_state(KVCache& a, KVCache& b, const std::string& what) { expect_same_state(a.state(), b.state(), what); }
 
 /// update() of a few token-heads encodes in latency mode (the codebook split over the warps of
 /// several blocks per token group); the throughput mode (set_update_decode_max(0)) must leave
