@@ -2,7 +2,8 @@
 // attention_relative_error, the calibration-to-cache layout views, RoPE, pq_relative_error,
 // the artifact's mean errors and safetensors dtype sizes. Each against a hand-computed value or
 // an independent double-precision reference. Tolerance tier: exact where the arithmetic is
-// (hand values, layouts), 1e-5 relative where float rounding enters (RoPE, rotations).
+// (hand values, layouts), 1e-5 relative where float rounding enters (RoPE, rotations; 1e-4 for
+// dot products of RoPE-d vectors far apart in position).
 #include <gtest/gtest.h>
 
 #include <cmath>
