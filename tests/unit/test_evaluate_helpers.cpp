@@ -19,18 +19,13 @@
 #include "veloxquant/smooth.h"
 #include "veloxquant/synthetic.h"
 #include "veloxquant/tensor.h"
+#include "common/random.h"
 
 using namespace veloxquant;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint64_t seed, float stddev = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, stddev);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(g);
-  return v;
-}
+using vqtest::randn;
 
 // ---- attention_relative_error -------------------------------------------------------------
 

@@ -14,6 +14,7 @@
 #include "veloxquant/error.h"
 #include "veloxquant/hadamard.h"
 #include "veloxquant/smooth.h"
+#include "common/random.h"
 
 using namespace veloxquant;
 
@@ -21,13 +22,7 @@ namespace {
 
 const int kHeadDims[] = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 80, 96, 112, 160, 192, 24, 40, 6, 3};
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
+using vqtest::randn;
 
 double l2(const float* x, int n) {
   double s = 0;

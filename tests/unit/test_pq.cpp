@@ -16,18 +16,13 @@
 #include "core/pq_internal.h"
 #include "veloxquant/error.h"
 #include "veloxquant/pq.h"
+#include "common/random.h"
 
 using namespace veloxquant;
 
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 g(seed);
-  std::normal_distribution<float> nd(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = nd(g);
-  return v;
-}
+using vqtest::randn;
 
 std::string what_of(const std::function<void()>& f) {
   try {
