@@ -158,6 +158,14 @@ struct AttnTraits {
   static_assert(!kR4 || (NT == 1 && VS == 4),
                 "the four-row kernel: one row tile, d4 values (fp16, or E4M3 / int8 converted to fp16)");
   static constexpr int kMTo = kR4 ? kVSpt : kMT;  // accumulator quads per lane
+  // The four-row kernel with int8 keys and values (CBF 3): P·V̂ on int8 tensor cores
+  // (m16n8k32, s8 centroid · u8 probability → s32, exact), the gathered 4-byte centroid as the
+  // A operand as it lands (K quad = one token's 4 dims), P in one byte of each quad of B: no
+  // widening PRMTs, no all-ones offset MMA (the shared copies hold the centroids as signed
+  // bytes). P goes to u8 per 32-token tile (see softmax_pv_i8), so each tile's s32 products
+  // enter fp32 O by one I2F and one FFMA per accumulator.
+  static constexpr bool kI8V = kR4 && CBF == 3;
+  static_assert(!kI8V || kVSpt % 2 == 0, "the int8 value MMA pairs a lane's sub-vectors");
   static constexpr int kVRowW = kVRow / 4;
   static constexpr __host__ __device__ int vswz(int x) { return kVSwz ? x ^ ((x >> 2) & 32) : x; }
   // The swizzle of a value row kt·16 + 8·u + 2t + e depends on 2t + e alone (bit 2 of the row),
@@ -710,6 +718,12 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
     }
   };
+  if constexpr (T::kI8V) {  // offset binary -> signed bytes (x ^ 0x80 = x - 128 as s8)
+#pragma unroll
+    for (int i = 0; i < kVPer; ++i)
+#pragma unroll
+      for (int j = 0; j < T::kEV / 4; ++j) vreg[i][j] ^= 0x80808080u;
+  }
   if (has_code) {
     using std::integral_constant;
     replicate(sK, kreg, integral_constant<int, T::kNK>{}, integral_constant<int, T::kRK>{},
@@ -1192,6 +1206,102 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
       }
     pv(bp, vals8_tag, vwords);
   };
+  // kI8V: the coded tokens' softmax (token-major, as softmax_pv_t) and P·V̂ on int8 tensor cores.
+  // The value MMA (m16n8k32, s8 · u8): K quad κ is one token, its 4 bytes the 4 dims of the
+  // gathered d4 centroid as it lands; A rows g and g + 8 are two of the lane's sub-vectors, j and
+  // j + kVSpt/2; B column n is (query row n / 2, element sel), holding P in byte sel of each K quad
+  // and 0 in the others: one MMA with sel = n & 1 yields dims 0 and 1 of both sub-vectors for the
+  // lane's row t, a second with sel = 2 + (n & 1) dims 2 and 3 (the accumulators land as o[i][0]
+  // of the fp16 four-row kernel: the combine is unchanged). K quads t and t + 4 are tokens 2t + 8h
+  // and 2t + 1 + 8h of octet h, where movmatrix leaves P (as for the fp16 MMA).
+  // P goes to u8 scaled per tile: p' = round(254 · 2^(s − tile max)), each row's largest in the
+  // 32-token tile 254 (a row-wide scale would flush every token far below an attention sink to
+  // zero); l sums the same rounded p', so the output is the softmax of the rounded weights. A
+  // tile's s32 products enter O (fp32) by one FFMA each with 2^(tile max) / 254.
+  // PRMT selectors from m = (p' of token 8h + 2t in byte 0, of token 8h + 2t + 1 in byte 2):
+  // into byte sel of a word, zeros elsewhere.
+  [[maybe_unused]] uint32_t i8_sel[4];
+  if constexpr (T::kI8V) {
+    const bool odd = g & 1;
+    i8_sel[0] = odd ? 0x4404u : 0x4440u, i8_sel[1] = odd ? 0x4424u : 0x4442u;  // sel = g & 1
+    i8_sel[2] = odd ? 0x0444u : 0x4044u, i8_sel[3] = odd ? 0x2444u : 0x4244u;  // sel = 2 + (g & 1)
+  }
+  auto softmax_pv_i8 = [&]<int KTs>(float (&s)[KTs][4], auto&& vwords) {
+    // row t's scores on this lane: s[kt][0] (token g) and s[kt][2] (token g + 8); [1] and [3]
+    // are their duplicates (the four-row kernel's column 2t + 1)
+    float lm = fmaxf(s[0][0], s[0][2]);
+#pragma unroll
+    for (int kt = 1; kt < KTs; ++kt) lm = fmaxf(lm, fmaxf(s[kt][0], s[kt][2]));
+    lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 4));
+    lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 8));
+    lm = fmaxf(lm, __shfl_xor_sync(0xffffffffu, lm, 16));
+    if (__any_sync(0xffffffffu, lm > mT[0] - mbT[0] + kLazy)) {
+      float sc, d;
+      raise_row_max(lm, mT[0], lT[0], mbT[0], sc, d);  // (rows 2t + 1: copied after the loop)
+#pragma unroll
+      for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[kt][e] += d;
+      lm += d;
+#pragma unroll
+      for (int mt = 0; mt < T::kMTo; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][0][e] *= sc;
+    }
+    constexpr float kLog2P = 7.988684687f;  // log2(254)
+    constexpr float kMagic = 12582912.0f;   // 1.5 · 2^23: x + kMagic holds round(x) in its low bits
+    const bool live = lm != -INFINITY;      // lm <= kLazy here, so 254 · 2^(s − lm) <= 254
+    const float c = live ? kLog2P - lm : 0.0f, u = live ? ex2(lm - kLog2P) : 0.0f;
+    float tl = 0.0f;
+    uint32_t pm[KTs][2];
+#pragma unroll
+    for (int kt = 0; kt < KTs; ++kt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t x = __float_as_uint(ex2(s[kt][2 * h] + c) + kMagic);
+        tl += __uint_as_float(x) - kMagic;
+        // (token g + 8h; rows 2t, 2t + 1, both row t) transposed to (row g; tokens 8h + 2t, 8h + 2t + 1)
+        pm[kt][h] = movm_trans(prmt(x, 0u, 0x4040u));
+      }
+    lT[0] = fmaf(tl, u, lT[0]);
+    constexpr int kH = T::kVSpt / 2;
+    int acc[kH][2][4];  // [sub-vector pair j][dims 0-1 | 2-3][C fragment]
+#pragma unroll
+    for (int j = 0; j < kH; ++j)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[j][x][e] = 0;
+#pragma unroll
+    for (int kt = 0; kt < KTs; ++kt) {
+      uint32_t bz[2][4];  // [h][lo b0, lo b1, hi b0, hi b1]
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) bz[h][x] = prmt(pm[kt][h], 0u, i8_sel[x]);
+#pragma unroll
+      for (int j = 0; j < kH; ++j) {
+        uint32_t va[4][T::kVWps], vb[4][T::kVWps];  // tokens vtok(q), sub-vectors j and j + kH
+        vwords(kt, j, va);
+        vwords(kt, j + kH, vb);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          mma_s8u8(acc[j][0], va[2 * h][0], vb[2 * h][0], va[2 * h + 1][0], vb[2 * h + 1][0], bz[h][0], bz[h][1]);
+          mma_s8u8(acc[j][1], va[2 * h][0], vb[2 * h][0], va[2 * h + 1][0], vb[2 * h + 1][0], bz[h][2], bz[h][3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kH; ++j) {
+      o[j][0][0] = fmaf(u, float(acc[j][0][0]), o[j][0][0]), o[j][0][1] = fmaf(u, float(acc[j][0][1]), o[j][0][1]);
+      o[j][0][2] = fmaf(u, float(acc[j][1][0]), o[j][0][2]), o[j][0][3] = fmaf(u, float(acc[j][1][1]), o[j][0][3]);
+      o[j + kH][0][0] = fmaf(u, float(acc[j][0][2]), o[j + kH][0][0]);
+      o[j + kH][0][1] = fmaf(u, float(acc[j][0][3]), o[j + kH][0][1]);
+      o[j + kH][0][2] = fmaf(u, float(acc[j][1][2]), o[j + kH][0][2]);
+      o[j + kH][0][3] = fmaf(u, float(acc[j][1][3]), o[j + kH][0][3]);
+    }
+  };
+  static_assert(!T::kI8V || kTM, "the int8 value MMA follows the token-major scores");
   // the coded tokens' softmax and P·V̂ in whichever score layout the kernel uses
   auto smx_pv = [&](auto& s, auto vals8_tag, auto&& vwords) {
     if constexpr (kTM) softmax_pv_t(s, vals8_tag, vwords);
@@ -1204,7 +1314,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int tok = base + kt * 16 + g + 8 * (e >> 1);
-        if (tok >= end || tok < loT[e & 1] || tok >= hiT[e & 1]) s[kt][e] = -INFINITY;
+        // (kI8V: rows 2t and 2t + 1 are both row t; one pair of bounds held through the loop)
+        const int r = T::kI8V ? 0 : (e & 1);
+        if (tok >= end || tok < loT[r] || tok >= hiT[r]) s[kt][e] = -INFINITY;
       }
   };
 
@@ -1584,7 +1696,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
         smx_pv(s, VFragTag{}, [&](int kt, int mt, uint32_t (&a)[4]) { ldsm_x4_trans(vad[kt][mt], a); });
         return;
       }
-      smx_pv(s, integral_constant<bool, T::kV8>{}, [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
+      auto vgather = [&](int kt, int i, uint32_t (&vw)[4][T::kVWps]) {
 #pragma unroll
         for (int q = 0; q < 4; ++q) {
           uint32_t a[T::kVA];
@@ -1601,7 +1713,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
             lds_centroid<VS, CBF == 1>(v_at(a, i), vw[q]);
           }
         }
-      });
+      };
+      if constexpr (T::kI8V) softmax_pv_i8(s, vgather);
+      else smx_pv(s, integral_constant<bool, T::kV8>{}, vgather);
     };
     auto prefetch = [&](int base) {
       if (warp == 0 && lane == 0) {
@@ -1707,6 +1821,7 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     } else {
       coded(std::false_type{});
     }
+    if constexpr (T::kI8V) mT[1] = mT[0], lT[1] = lT[0], mbT[1] = mbT[0];  // row t's state, twice
     if constexpr (kTM) {
       // back to the row-g state of the window tokens and the combine: row g's max and offset
       // from a lane with t = g / 2; its sum over the 8 lanes g, held by quad lane t = 0
