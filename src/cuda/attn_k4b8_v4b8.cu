@@ -44,9 +44,10 @@ void attn_register_rows4_k4b8_v4b8(std::vector<AttnEntry>& out) {
   out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 2, 1>());
   out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1, 1>());  // E4M3
   out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 1, 1>());
-  // int8 keys and values (run 143): a value gather moves 4 bytes instead of 8 for two PRMTs a
-  // gather and an all-ones MMA per octet: 12-13% faster than the 8-row I8KV kernel, still 7-11%
-  // slower than int8 keys with fp16 values (the loop is bound by shared memory and issue together)
+  // int8 keys and values (run 143; since run 157 P·V̂ on int8 tensor cores, softmax_pv_i8): a
+  // value gather moves 4 bytes instead of 8, at parity with int8 keys and fp16 values (H100,
+  // run 157: 33.9 / 57.7 / 205.2 against 34.4 / 57.1 / 203.8 us). 8 warps x 4 k-tiles (one
+  // flush per 64 tokens, 167 registers) was 1-2% slower than this shape (run 158).
   out.push_back(attn_entry<128, 4, 8, 4, 8, 1, 2, 1, 16, 3, 3, 1>());
   out.push_back(attn_entry<64, 4, 8, 4, 8, 1, 2, 1, 16, 3, 3, 1>());
 }
