@@ -29,7 +29,8 @@
 //    instead (kTM): S[16 tokens × 8 rows] = K̃ · q̃ᵀ, the centroids of tokens g and g + 8 as the
 //    A operand, half the score MMAs, P moved to its B fragment by movmatrix (runs 60-61). d8 values with
 //    fp16 centroids come as V̂ᵀ's A fragments straight from `ldmatrix.x4.trans` (a 16-byte
-//    centroid is one row of an 8×8 matrix); d4 centroids are paired per register by PRMT.
+//    centroid is one row of an 8×8 matrix); d4 centroids are paired per register by PRMT. The
+//    four-row kernel with int8 values multiplies them on int8 tensor cores instead (kI8V).
 //    Register pressure stays flat for 12-bit codebooks, where a LUT (4096 entries per
 //    sub-vector and query row) cannot fit anyway.
 //  * The per-token cost is shared-memory gathers (head_dim·2 bytes per K and per V), so the
@@ -110,7 +111,7 @@ struct AttnTraits {
   // keys and values, 2 int8 keys (scored on int8 tensor cores against an int8 query) + fp16 values
   static_assert(CBF >= 0 && CBF <= 3, "CBF: 0 = fp16, 1 = E4M3, 2 = int8 keys + fp16 values, 3 = int8 keys and values");
   static constexpr bool kI8 = CBF == 2 || CBF == 3;  // int8 key centroids, int8 query, int8 score MMAs
-  static constexpr bool kV8 = CBF == 3;              // int8 value centroids (offset binary), fp16 value MMAs
+  static constexpr bool kV8 = CBF == 3;  // int8 value centroids (offset binary), fp16 value MMAs (four-row: kI8V)
   static constexpr int kNK = 1 << KB, kNV = 1 << VB;
   static constexpr int kEK = KS * (CBF == 0 ? 2 : 1), kEV = VS * (CBF == 1 || CBF == 3 ? 1 : 2);  // bytes per entry
   static constexpr int kPK = 128 / kEK, kPV = 128 / kEV;  // lanes per shared-memory phase
@@ -156,7 +157,7 @@ struct AttnTraits {
   // dead rows did.
   static constexpr bool kR4 = R4 != 0;
   static_assert(!kR4 || (NT == 1 && VS == 4),
-                "the four-row kernel: one row tile, d4 values (fp16, or E4M3 / int8 converted to fp16)");
+                "the four-row kernel: one row tile, d4 values (fp16, E4M3 converted to fp16, or int8)");
   static constexpr int kMTo = kR4 ? kVSpt : kMT;  // accumulator quads per lane
   // The four-row kernel with int8 keys and values (CBF 3): P·V̂ on int8 tensor cores
   // (m16n8k32, s8 centroid · u8 probability → s32, exact), the gathered 4-byte centroid as the
