@@ -6,14 +6,7 @@
 # test first, then the tree without the change (the patch reversed) built beside it and timed in
 # the same command (A/B). Here: nothing to prepare; on the GPU machine, from the repository root,
 # with .gpu-bundle carried: `bash docs/cuda-runs/run161-position-reread.sh`.
-set -uo pipefail
-source scripts/gpu_prepare.sh
-[[ -n $T ]] || { echo "no test program"; exit 1; }
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv,noheader
-t0=$(date +%s)
-mkdir -p $OUT/b
-PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --out $OUT/b/peer.txt > $OUT/run161-peer.log 2>&1 || echo "peer failed"
-grep PEER $OUT/run161-peer.log
+source scripts/gpu_run_start.sh run161
 table() {  # $1 binary, $2 label
   echo "== $2"
   $1 --peer $OUT/b/peer.txt --filter +i8 --reps 20 --skip-encode --skip-step > $OUT/run161-$2.log 2>&1
