@@ -13,7 +13,7 @@
 //                                  time of each — the ratio least sensitive to other load on
 //                                  a shared machine; the summary line uses it
 //   decode/paired_cold             the same with the last-level cache flushed before every call
-//                                  (all threads read a 64 MiB buffer, twice this machine's L3,
+//                                  (all threads read a buffer twice the L3's size, at least 64 MiB,
 //                                  untimed): a model's decode step attends layer after layer, so
 //                                  each layer's cache comes from memory, not from L3 as in the
 //                                  warm loop — which flatters whichever cache fits L3 (the fp16
@@ -37,6 +37,7 @@
 #include <thread>
 #include <vector>
 
+#include "llc_flush.h"
 #include "veloxquant/fp16_cache.h"
 #include "veloxquant/kmeans.h"
 #include "veloxquant/vecinfer_cache.h"
@@ -177,22 +178,10 @@ struct Paired {
   double fp16_s = 0, vq_s = 0;
 } g_paired, g_paired_cold;
 
-// Evicts the caches from the last-level cache: every thread reads its share of a 64 MiB buffer
-// (the sum is kept so the reads cannot be dropped).
+// The last-level cache flush (bench/common/llc_flush.h), one for the whole run.
 void flush_llc(int threads) {
-  static std::vector<uint8_t> buf(size_t(64) << 20, 1);
-  static std::vector<uint64_t> sink(64);
-  auto part = [&](int t) {
-    const size_t a = buf.size() * size_t(t) / size_t(threads), b = buf.size() * size_t(t + 1) / size_t(threads);
-    uint64_t acc = 0;
-    for (size_t i = a; i < b; i += 64) acc += buf[i];
-    sink[size_t(t) % sink.size()] += acc;
-  };
-  std::vector<std::thread> th;
-  for (int t = 1; t < threads; ++t) th.emplace_back(part, t);
-  part(0);
-  for (auto& t : th) t.join();
-  benchmark::DoNotOptimize(sink.data());
+  static veloxquant::bench::LlcFlush flush(threads);
+  flush();
 }
 
 double median(std::vector<double> v) {

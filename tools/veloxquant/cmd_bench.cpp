@@ -15,18 +15,16 @@
 // Device: the caches come from KVCacheFactory with config.device, so --device cuda runs the
 // CUDA caches where the build has them. time_decode() is the one place that would need a
 // device synchronisation for asynchronous backends (fused_sdpa returns a host-visible Tensor).
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <memory>
 #include <random>
-#include <thread>
 #include <utility>
 #include <vector>
 
 #include "common.h"
+#include "llc_flush.h"
 #include "subcommand.h"
 #include "veloxquant/artifact.h"
 #include "veloxquant/cache.h"
@@ -37,35 +35,7 @@ namespace {
 
 using namespace veloxquant;
 
-// Evicts the CPU caches' data from the last-level cache: `threads` threads read their shares of
-// a buffer twice the L3's size (64 MiB where the OS does not say), one byte a cache line.
-class LlcFlush {
- public:
-  explicit LlcFlush(int threads) : threads_(std::max(1, threads)) {
-    const long l3 = sysconf(_SC_LEVEL3_CACHE_SIZE);
-    buf_.assign(std::max<size_t>(size_t(64) << 20, l3 > 0 ? 2 * size_t(l3) : 0), 1);
-  }
-  size_t bytes() const { return buf_.size(); }
-  void operator()() {
-    std::vector<uint64_t> sums(size_t(threads_), 0);
-    auto part = [&](int t) {
-      const size_t a = buf_.size() * size_t(t) / size_t(threads_), b = buf_.size() * size_t(t + 1) / size_t(threads_);
-      uint64_t acc = 0;
-      for (size_t i = a; i < b; i += 64) acc += buf_[i];
-      sums[size_t(t)] = acc;
-    };
-    std::vector<std::thread> th;
-    for (int t = 1; t < threads_; ++t) th.emplace_back(part, t);
-    part(0);
-    for (auto& t : th) t.join();
-    for (uint64_t x : sums) sink_ = sink_ + x;  // volatile: the reads cannot be dropped
-  }
-
- private:
-  int threads_;
-  std::vector<uint8_t> buf_;
-  volatile uint64_t sink_ = 0;
-};
+using bench::LlcFlush;  // bench/common/llc_flush.h
 
 // step_kv: null, or one token per kv head [batch, n_kv_heads, 1, head_dim] appended before
 // each attention call (a decode step). flush: null, or run before each call, untimed.
