@@ -410,9 +410,10 @@ TEST(CudaAttention, Int8KeysMatchTheOracleOnTheRoundedQueryAndCentroids) {
 // Int8 keys and values: values as int8 centroids (scale max|c|/127) in offset binary, widened
 // exactly to fp16 (1024 + byte) for the value MMAs, the offset removed after the loop with the
 // probability sums the same MMAs produce; the four-row kernel (GQA groups of <= 4 at q_len 1)
-// instead multiplies them as signed bytes on int8 tensor cores with P rounded to u8 per tile. Against the oracle on the decoded int8 centroids and
-// the rounded query: held to kAttnNmse (an offset not removed exactly would show as a bias of
-// 1152 per unit of probability, NMSE far above 1); against f32 codebooks loosely, as for int8 keys.
+// instead multiplies them as signed bytes on int8 tensor cores with P rounded to u8 per tile.
+// Against the oracle on the decoded int8 centroids and the rounded query: held to kAttnNmse (an
+// offset not removed exactly would show as a bias of 1152 per unit of probability, NMSE far above
+// 1); against f32 codebooks loosely, as for int8 keys.
 TEST(CudaAttention, Int8KeysAndValuesMatchTheOracleOnTheRoundedOperands) {
   VQ_SKIP_WITHOUT_GPU();
   EXPECT_GT(run_format_cases(CodebookFormat::I8KV, 0x18C8, 5e-3), 7);
