@@ -444,7 +444,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   auto q_elem = [&](unsigned char* buf, int r, int d) -> __half* {
     return reinterpret_cast<__half*>(buf + q_seg_off(T::kQRowB, T::kQSegB, 2, r, d));
   };
-  const int split = blockIdx.x, S = p.n_splits;
+  int split = blockIdx.x;
+  const int S = p.n_splits;
   // diagnosis (bench --profile): clock64 at the phase boundaries, globaltimer at entry and exit
   unsigned long long* const prof =
       p.prof ? p.prof + (int64_t(blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x) * kAttnProfSlots
@@ -472,9 +473,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // Every division below by a per-launch value goes through the host's FastDiv: a 32-bit `/` is
   // ~20 dependent instructions and a 64-bit one a ~70-instruction call, and every warp of the
   // block runs this setup (16 warps x ~800 instructions was the issue-bound part of it).
-  const int kvh = int(fast_div(blockIdx.y, p.div_row_chunks)), rchunk = int(blockIdx.y) - kvh * p.n_row_chunks;
-  const int b = blockIdx.z;
-  const int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
+  int kvh = int(fast_div(blockIdx.y, p.div_row_chunks)), rchunk = int(blockIdx.y) - kvh * p.n_row_chunks;
+  int b = blockIdx.z;
+  int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
   const int G = int(p.div_group.d);
   const int rows_total = G * p.q_len;
   // query row gr of the launch: query index gr / G, head kvh·G + gr % G
@@ -522,6 +523,8 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
 
   // ---- lengths, visibility, this block's share ---------------------------------------------
   const int len_b = p.seq_len[b], rcount_b = p.res_count ? p.res_count[b] : 0;  // loads issued, not waited on
+  if constexpr (MINB >= 2)  // read back after the loop (below)
+    if (tid == 0) sFlag[1] = split, sFlag[2] = b, sFlag[3] = int(blockIdx.y);
   // The host's hint (eager calls): this split's first ring stages' code tiles into L2 now, while
   // the lengths, queries and codebooks are on their way, so the first stages' copies find them
   // there. Issued after those loads (a prefetch at entry delayed them: run 72, setup +2 us),
@@ -1873,6 +1876,19 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     l[n] += __shfl_xor_sync(0xffffffffu, l[n], 2);
   }
   __syncthreads();  // the codebooks are dead: reuse their space
+  // The two-blocks kernels (MINB 2) read the block's position back from shared memory (stored at
+  // the lengths' load) for the combine, merge and output writes: held in registers through the
+  // coded loop it made the fp16 and int8-keys-and-values ones, at their 128-register cap, spill
+  // 4-12 bytes. Run 161 (H100, A/B, two repetitions): 64 x 16384 -1.2% for the defaults' int8
+  // keys and d4b8's int8 keys and values, parity elsewhere; the same re-read in the one-block
+  // kernels (split grids) cost ~+0.5% at batch 1 for the defaults, so they keep the registers.
+  if constexpr (MINB >= 2) {
+    const volatile int* const pos = sFlag;
+    split = pos[1], b = pos[2];
+    const int gy = pos[3];
+    kvh = int(fast_div(uint32_t(gy), p.div_row_chunks)), rchunk = gy - kvh * p.n_row_chunks;
+    seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
+  }
   stamp(4);
   float* const co = reinterpret_cast<float*>(region);  // [warps][rows][kCoStride]
   float* const cm = co + T::kWarps * kRows * T::kCoStride;
