@@ -6,7 +6,9 @@
 # test first, then the tree without the change (the patch reversed) built beside it and timed in
 # the same command (A/B). Here: the patch applied and the bundle made with .gpu-bundle/base.tar.xz
 # (bench_decode_cuda without it: then no base build there); on the GPU machine, from the repository root,
-# with .gpu-bundle carried: `bash docs/cuda-runs/run161-position-reread.sh`.
+# with .gpu-bundle carried: `bash docs/cuda-runs/run161-position-reread.sh`. A record: it ran once
+# (2026-12-06, an H100) with the whole patch applied to af0e00f; the tree after it keeps the change
+# in the two-blocks kernels only (docs/cuda-notes.md, row 161), so the patch no longer reverses.
 source scripts/gpu_run_start.sh run161
 table() {  # $1 binary, $2 label
   echo "== $2"
