@@ -1879,9 +1879,10 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // The two-blocks kernels (MINB 2) read the block's position back from shared memory (stored at
   // the lengths' load) for the combine, merge and output writes: held in registers through the
   // coded loop it made the fp16 and int8-keys-and-values ones, at their 128-register cap, spill
-  // 4-12 bytes. Run 161 (H100, A/B, two repetitions): 64 x 16384 -1.2% for the defaults' int8
-  // keys and d4b8's int8 keys and values, parity elsewhere; the same re-read in the one-block
-  // kernels (split grids) cost ~+0.5% at batch 1 for the defaults, so they keep the registers.
+  // 4-12 bytes. Run 161 (H100, A/B, two repetitions, applied to every kernel): 64 x 16384 -1.3%
+  // for d4b8's int8 keys and values (a two-blocks kernel), parity elsewhere, except the defaults'
+  // one-block kernel: -1.2% at 64 x 16384 but ~+0.5% at batch 1, the closer bar, so it and the
+  // other one-block kernels keep the registers (the defaults have no two-blocks kernel).
   if constexpr (MINB >= 2) {
     const volatile int* const pos = sFlag;
     split = pos[1], b = pos[2];
