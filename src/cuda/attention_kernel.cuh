@@ -1881,8 +1881,9 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   // coded loop it made the fp16 and int8-keys-and-values ones, at their 128-register cap, spill
   // 4-12 bytes. Run 161 (H100, A/B, two repetitions, applied to every kernel): 64 x 16384 -1.3%
   // for d4b8's int8 keys and values (a two-blocks kernel), parity elsewhere, except the defaults'
-  // one-block kernel: -1.2% at 64 x 16384 but ~+0.5% at batch 1, the closer bar, so it and the
-  // other one-block kernels keep the registers (the defaults have no two-blocks kernel).
+  // one-block kernel (they have no two-blocks kernel): -1.2% at 64 x 16384 but +1.6% at batch 1,
+  // the closer bar, and +1.3% at 8 x 32768 (run 163, four alternating repetitions), so it and
+  // the other one-block kernels keep the registers.
   if constexpr (MINB >= 2) {
     const volatile int* const pos = sFlag;
     split = pos[1], b = pos[2];
