@@ -1420,6 +1420,11 @@ int main(int argc, char** argv) {
     const double serial_us = time_step(false, 0);
     step_us = time_step(true, 0);
     const double prio_us = time_step(true, cudaGraphInstantiateFlagUseNodePriority);
+    // attention launched as a programmatic dependent of the step's kernel before it (sm_90, the
+    // default; cuda::attn_set_step_pdl): the same two steps with the plain launch
+    const bool pdl_prev = cuda::attn_set_step_pdl(false);
+    const double nopdl_us = time_step(true, 0), nopdl_serial_us = time_step(false, 0);
+    cuda::attn_set_step_pdl(pdl_prev);
     // what the step's k_new/v_new range check costs (one small launch ahead of the step's
     // kernels): the same two steps captured without it
     const bool checks_prev = cuda::set_step_input_checks(false);
@@ -1467,7 +1472,8 @@ int main(int argc, char** argv) {
                   100.0 * (double(cache->nbytes()) / ideal - 1.0));
     }
     std::printf("\ndecode step (graph: encode 1 token + attention, d%db%d/d%db%d, %s codebooks, 1 x %d): %.1f us "
-                "overlapped%s (%.1f us with node priorities), %.1f us serial (%.2fx); without clusters %.1f us overlapped, "
+                "overlapped%s (%.1f us with node priorities), %.1f us serial (%.2fx); without the dependent launch %.1f us "
+                "overlapped, %.1f us serial; without clusters %.1f us overlapped, "
                 "%.1f us serial; eager update + fused_sdpa: %.1f us "
                 "with the latency-mode encode, %.1f us with the throughput-mode encode (%.2fx), host issue %.1f / %.1f us "
                 "a pair; with deferred input checks (latency mode) %.1f us, host issue %.1f us (%.2fx over checked), "
@@ -1476,7 +1482,7 @@ int main(int argc, char** argv) {
                 sc.s.ks, sc.s.kb, sc.s.vs, sc.s.vb, codebook_format_name(fmt), L, step_us,
                 sc.s.ks == sc.s.vs || cuda::overlap_two_launches() ? "" : " [two launches: not the default path]",
                 prio_us, serial_us,
-                serial_us / step_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us,
+                serial_us / step_us, nopdl_us, nopdl_serial_us, overlap_nc_us, serial_nc_us, eager_lat_us, eager_bulk_us, eager_bulk_us / eager_lat_us,
                 host_lat_us, host_bulk_us, eager_def_us, host_def_us, eager_lat_us / eager_def_us, eager_def_serial_us,
                 unchecked_us, unchecked_serial_us, (long long)cache->offset(), int(cc->device_error()));
   }

@@ -133,6 +133,8 @@ std::atomic<long long> g_window_first_launches{0};
 std::atomic<long long> g_rows4_launches{0};
 std::atomic<bool> g_wide_allowed{true};
 std::atomic<long long> g_wide_launches{0};
+std::atomic<bool> g_step_pdl{true};  // attn_set_step_pdl
+std::atomic<long long> g_pdl_launches{0};
 
 /// The entry a launch of configuration k with p's shape runs (before the two-blocks choice):
 /// the four-row kernel when the chunk holds at most 4 query rows and one is built, else k's.
@@ -146,12 +148,18 @@ const char* g_cluster_query_error = "";  // the last failed occupancy query (dia
 
 /// The extended launch configuration of entry e's kernel over `grid`: with `cluster`, the grid's
 /// x blocks (a segment's splits) form one cluster (for the occupancy query and for the launch);
-/// priority != 0 is the launch's block-dispatch priority (see attn_launch).
+/// priority != 0 is the launch's block-dispatch priority (see attn_launch); pdl: a programmatic
+/// dependent of the kernel before it on the stream (attn_launch's pdl).
 struct LaunchConfig {
-  cudaLaunchAttribute attr[2]{};
+  cudaLaunchAttribute attr[3]{};
   cudaLaunchConfig_t cfg{};
-  LaunchConfig(const AttnEntry& e, dim3 grid, void* stream, bool cluster, int priority = 0) {
+  LaunchConfig(const AttnEntry& e, dim3 grid, void* stream, bool cluster, int priority = 0, bool pdl = false) {
     unsigned n = 0;
+    if (pdl) {
+      attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      attr[n].val.programmaticStreamSerializationAllowed = 1;
+      ++n;
+    }
     if (cluster) {
       attr[n].id = cudaLaunchAttributeClusterDimension;
       attr[n].val.clusterDim.x = grid.x, attr[n].val.clusterDim.y = 1, attr[n].val.clusterDim.z = 1;
@@ -203,6 +211,26 @@ int max_active_clusters(const AttnEntry& e, int splits) {
   return n;
 }
 
+/// Whether entry e's kernel can be a programmatic dependent launch on the current device: sm_90+
+/// and the kernel built for it (an sm_80 build run through PTX JIT has no grid_dep_wait, so it
+/// would read the lengths before the kernel before it wrote them). Cached per (device, kernel).
+bool pdl_capable(const AttnEntry& e) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, bool> cache;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_pair(dev, e.kernel);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int major = 0;
+  VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  cudaFuncAttributes fa{};
+  VQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, e.kernel));
+  const bool ok = major >= 9 && fa.binaryVersion >= 90;
+  cache[key] = ok;
+  return ok;
+}
+
 /// Whether a launch of entry e with p's plan runs as clusters: 2..16 splits, the switch on,
 /// and every segment's cluster resident at once (a second wave of clusters would cost more
 /// than the merge saves).
@@ -239,19 +267,22 @@ void derive_divisors(AttnParams& p) {
 /// variants re-instantiate defaults, may reach another unit's registration of the kernel,
 /// whose shared-memory limit was never raised: "invalid argument".) With clusters, the n_splits
 /// blocks of each segment (grid x) form one cluster.
-void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0) {
+void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0,
+                  bool pdl = false) {
   const bool cluster = use_cluster(e, p);
+  pdl = pdl && g_step_pdl.load() && pdl_capable(e);
   AttnParams pg = p;
   pg.cluster_launch = cluster ? 1 : 0;
   derive_divisors(pg);
   void* args[] = {&pg};
-  if (!cluster && priority == 0) {
+  if (!cluster && priority == 0 && !pdl) {
     VQ_CUDA_CHECK(cudaLaunchKernel(e.kernel, grid, dim3(unsigned(e.threads)), args, size_t(e.smem), as_stream(stream)));
     return;
   }
-  const LaunchConfig lc(e, grid, stream, cluster, priority);
+  const LaunchConfig lc(e, grid, stream, cluster, priority, pdl);
   VQ_CUDA_CHECK(cudaLaunchKernelExC(&lc.cfg, e.kernel, args));
   if (cluster) g_cluster_launches.fetch_add(1);
+  if (pdl) g_pdl_launches.fetch_add(1);
 }
 
 }  // namespace
@@ -279,6 +310,8 @@ bool attn_wide_pays(int64_t blocks, int64_t sms) {
 }
 long long attn_wide_launches() { return g_wide_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
+bool attn_set_step_pdl(bool allowed) { return g_step_pdl.exchange(allowed); }
+long long attn_pdl_launches() { return g_pdl_launches.load(); }
 
 std::string attn_config_name(const AttnConfigKey& k) {
   std::ostringstream os;
@@ -340,7 +373,7 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device) {
   return n;
 }
 
-void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority) {
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority, bool pdl) {
   const AttnEntry* e = find(k);
   VQ_CHECK_T(e, UnsupportedError, attn_not_compiled_message(k));
   VQ_CHECK_VALUE(p.n_splits >= 1 && p.n_splits <= 32, "CUDA attention: n_splits must be in 1..32, got " << p.n_splits);
@@ -382,10 +415,10 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
     AttnParams q = p;
     if (shift != 0 && p.hint_chunk > 0) q.hint_chunk = int(std::clamp<int64_t>(int64_t(p.hint_chunk) + shift, 0, INT32_MAX));
     q.window_first = window_first;
-    launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
+    launch_entry(*e, q, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority, pdl);
     return;
   }
-  launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority);
+  launch_entry(*e, p, dim3(p.n_splits, unsigned(gy), p.batch), stream, priority, pdl);
 }
 
 void attn_set_length_hint(AttnParams& p, int64_t len, int64_t window) {

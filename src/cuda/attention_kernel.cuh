@@ -522,6 +522,11 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   // ---- lengths, visibility, this block's share ---------------------------------------------
+  // A decode step launches this kernel as a programmatic dependent of the step's kernel before
+  // it (attn_launch's pdl: window rows, encode or row append, which write the lengths, codes and
+  // window rows read from here on): the launch and the loads above (codebooks, queries, λ,
+  // written before the step) overlap that kernel; nothing here writes before this wait.
+  grid_dep_wait();
   const int len_b = p.seq_len[b], rcount_b = p.res_count ? p.res_count[b] : 0;  // loads issued, not waited on
   if constexpr (MINB >= 2)  // read back after the loop (below)
     if (tid == 0) sFlag[1] = split, sFlag[2] = b, sFlag[3] = int(blockIdx.y);

@@ -489,9 +489,10 @@ class CudaCacheBase : public CudaKVCache {
   /// planned for its own rows; a prefill chunk of Q queries is one launch of G·Q/16 row chunks
   /// (before run 115: one launch per 16 queries, each re-reading the history). n_new: tokens
   /// appended on the device since the host lengths (decode step); advance: the last launch
-  /// advances the device lengths. plan: use plan_ (no allocation) or plan per call.
+  /// advances the device lengths. plan: use plan_ (no allocation) or plan per call. pdl: decode
+  /// steps, whose kernel before attention is the step's own (cuda::attn_launch's pdl).
   void run_attention(const TensorView& q, const TensorView& out, const SdpaParams& sp, int n_new, bool advance,
-                     bool use_plan, int priority = 0) {
+                     bool use_plan, int priority = 0, bool pdl = false) {
     require_attention_kernel();
     const int H = int(q.shape[1]), Q = int(q.shape[2]), D = config_.head_dim;
     const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(D));
@@ -556,7 +557,7 @@ class CudaCacheBase : public CudaKVCache {
       // split's first L2 prefetch before the device lengths arrive (a hint; see AttnParams)
       if (n_new == 0 && !p.win_all && sp.sliding_window <= 0 && !lens_.empty() && uniform() && !capturing())
         cuda::attn_set_length_hint(p, lens_[0], std::min<int64_t>(p.residual_length, rch_.empty() ? 0 : rch_[0]));
-      cuda::attn_launch(pl.key, p, stream_, priority);
+      cuda::attn_launch(pl.key, p, stream_, priority, pdl);
     }
   }
 
@@ -803,7 +804,7 @@ class CudaFP16Cache final : public CudaCacheBase {
                              len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
     cuda::append_rows_launch(dev4(v), int(batch_), n_kv_heads_, n, config_.head_dim, held_v_.data(), bf, capacity_,
                              len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
-    run_attention(q, out, params, n, true, true);
+    run_attention(q, out, params, n, true, true, 0, true);  // starts while the rows' append ends
     if (!capturing()) for (auto& l : lens_) l += n;
   }
 
@@ -1077,7 +1078,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       int32_t* const snap = snap_.ptr<int32_t>();
       cuda::window_rows_launch(e, snap, snap + batch_, stream_, step_check());
       VQ_CU(cudaEventRecord(ev_fork_, cs(stream_)));
-      run_attention(q, out, params, n, true, true, prio_hi_);
+      run_attention(q, out, params, n, true, true, prio_hi_, true);  // starts while window_rows runs
       e.k_win = e.v_win = nullptr;  // written above
       e.seq_len = snap;             // attention advances the lengths while this runs
       e.res_count = snap + batch_;
@@ -1089,7 +1090,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       cuda::note_overlapped_step();
     } else {
       launch_append(dev4(k), dev4(v), n, true, step_gate());
-      run_attention(q, out, params, n, true, true);
+      // attention starts while the encode ends, unless the encode was two launches joined from a
+      // side stream (an event wait, not a kernel, before it)
+      const bool joined = side_ && key_pq_.sub_dim != value_pq_.sub_dim && cuda::overlap_two_launches();
+      run_attention(q, out, params, n, true, true, 0, !joined);
     }
     if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them
     for (size_t b = 0; b < lens_.size(); ++b) {

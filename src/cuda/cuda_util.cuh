@@ -259,6 +259,24 @@ __device__ __forceinline__ float ld_cluster_f32(uint32_t cluster_addr) {
 }
 #endif
 
+// ---- programmatic dependent launch (sm_90): a decode step's kernels ---------------------------
+// A kernel launched with cudaLaunchAttributeProgrammaticStreamSerialization may start while the
+// kernel before it on the stream still runs; grid_dep_wait() then blocks until that kernel has
+// finished and its writes are visible. Such a kernel must read nothing the kernel before it
+// writes, and write nothing, before its wait. grid_dep_launch_dependents() lets the next kernel,
+// if it was launched so, start before this one ends (all blocks must have called it or exited).
+// Without the attribute, or built for sm_80, both do nothing.
+__device__ __forceinline__ void grid_dep_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dep_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
 constexpr int ilog2(int x) { return x <= 1 ? 0 : 1 + ilog2(x >> 1); }
 
 }  // namespace veloxquant::cuda

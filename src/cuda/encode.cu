@@ -242,6 +242,7 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
   constexpr int TPJ = 32 * SPL / kNSub;
   static_assert(TPJ >= 1 && (32 * SPL) % kNSub == 0, "slots must cover whole tokens");
   extern __shared__ __align__(16) unsigned char smem[];
+  grid_dep_launch_dependents();  // a decode step's attention may start now (it waits for this kernel's writes)
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
   if (sd.sub != SD || !(p.sides & (keys ? 1 : 2)) || gated(p.gate)) return;  // served elsewhere / not asked for
@@ -966,6 +967,7 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
 __global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
                                    int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag,
                                    const int* gate) {
+  grid_dep_launch_dependents();  // a decode step's attention may start now (it waits for this kernel's writes)
   if (gated(gate)) return;
   const int64_t total = int64_t(batch) * n_kv_heads * n_new * head_dim;
   for (int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; idx < total;
@@ -1010,6 +1012,7 @@ __global__ void check_range_kernel(DevTensor4 keys, DevTensor4 values, int64_t d
 // check; a separate check launch had cost the graph-captured step ~3-4 us (run 109).
 constexpr int kWinHold = 4;
 __global__ void window_rows_kernel(const EncodeParams p, int32_t* snap_len, int32_t* snap_rc, StepCheck chk) {
+  grid_dep_launch_dependents();  // the step's attention may start now (it waits for this kernel's writes)
   if (gated(p.gate)) return;  // an earlier queued range check failed: nothing written
   const int D = p.head_dim;
   const int64_t per_side = int64_t(p.batch) * p.n_kv_heads * p.n_new * D;

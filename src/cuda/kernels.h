@@ -178,7 +178,13 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// through the workspace. priority != 0 gives the launch that block-dispatch priority (lower
 /// numbers first, as cudaDeviceGetStreamPriorityRange; a captured launch keeps it as its node's
 /// priority, which a graph uses when instantiated with cudaGraphInstantiateFlagUseNodePriority).
-void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority = 0);
+/// pdl: launched as a programmatic dependent of the kernel before it on the stream (sm_90+, a
+/// kernel built for it, attn_set_step_pdl on): its blocks start while that kernel runs and wait
+/// for it (grid_dep_wait) before they read the lengths, codes or window rows. Only for a kernel
+/// of the caller's own that writes none of what the kernel reads before that wait: the queries,
+/// the codebooks and λ (decode steps: window rows, encode or row append; captured graphs keep it
+/// as a programmatic edge).
+void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority = 0, bool pdl = false);
 /// Prefill attention (prefill_kernel.cuh): a chunk of many queries against the codes and the
 /// window, 128 query rows per block (64 with VQ_CUDA_VARIANTS), the history unsplit.
 /// prefill_compiled: whether (head_dim, key spec, value spec) has a prefill kernel with blocks
@@ -227,6 +233,11 @@ bool attn_would_cluster(const AttnConfigKey& k, const AttnParams& p);
 /// Process-wide switch for the cluster merge (default on): off, split launches always merge
 /// through the workspace (A/B benchmarks, tests of both paths). Returns the previous setting.
 bool attn_set_cluster_merge(bool allowed);
+/// Process-wide switch for decode steps' programmatic dependent launch of attention (attn_launch's
+/// pdl; default on): off, every attention launch waits for the kernel before it to end (A/B
+/// benchmarks, tests). Returns the previous setting. attn_pdl_launches: such launches so far.
+bool attn_set_step_pdl(bool allowed);
+long long attn_pdl_launches();
 /// Sets p's length hint (hint_ncode, hint_chunk) for sequences of `len` tokens of which
 /// `window` are exact window tokens, from p's n_splits and window_weight (set those first):
 /// the share the kernel computes when every row sees the whole history (decode; no sliding

@@ -1798,5 +1798,119 @@ TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
   cudaStreamDestroy(stream);
 }
 
+/// Decode steps launch attention as a programmatic dependent of the step's kernel before it
+/// (cuda::attn_launch's pdl, sm_90; attn_set_step_pdl): its blocks start while that kernel runs
+/// and wait for its writes. The same steps with the plain launch must give the same outputs and
+/// leave the same state, bit for bit (same kernels, same inputs), eager and graph-captured, on
+/// the overlapped path (MemoryBound: window rows, then attention beside the encode), the serial
+/// path (Stash: the encode, then attention; the defaults' two encode launches joined from a side
+/// stream keep the plain launch) and the fp16 cache (the rows' append, then attention).
+TEST(CudaDecode, ProgrammaticLaunchChangesNothingButWhenAttentionStarts) {
+  VQ_SKIP_WITHOUT_GPU();
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  struct Case {
+    std::string what;
+    Spec s;
+    CacheMode mode;
+    bool fp16;
+  };
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const std::vector<Case> cases = {{"d4b8 MemoryBound", d4b8, CacheMode::MemoryBound, false},
+                                   {"d4b8 Stash", d4b8, CacheMode::Stash, false},
+                                   {"defaults MemoryBound", dflt, CacheMode::MemoryBound, false},
+                                   {"defaults Stash", dflt, CacheMode::Stash, false},
+                                   {"fp16", d4b8, CacheMode::MemoryBound, true}};
+  cudaStream_t stream = nullptr;
+  ASSERT_EQ(cudaStreamCreate(&stream), cudaSuccess);
+  const int B = 2, H = 2, G = 4, D = 128, P = 300, steps = 5;
+  int checked = 0;
+  for (const Case& cs : cases)
+    for (bool graph : {false, true}) {
+      SCOPED_TRACE(cs.what + (graph ? ", graph replays" : ", eager steps"));
+      std::vector<float> outs[2];
+      CacheState states[2];
+      long long pdl_launches[2] = {0, 0};
+      for (int on = 0; on < 2; ++on) {
+        std::mt19937_64 rng(97);  // the same codebooks and data both times
+        KVCacheConfig c;
+        if (cs.fp16) {
+          c.kind = CacheKind::FP16;
+          c.head_dim = D;
+          c.step = 32;
+          c.n_kv_heads = H;
+        } else {
+          c = vq_config(cs.s, cs.mode, D, 32, H, rng);
+        }
+        c.stream = stream;
+        auto owner = make_cuda(c);
+        CudaKVCache* x = as_cuda(owner.get());
+        x->update(to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view(),
+                  to_device(random_tensor({B, H, P, D}, DType::F32, rng)).view());
+        x->reserve(P + steps);
+        x->plan_decode(H * G, 1, P + steps);
+        Tensor dq = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+        Tensor dk = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+        Tensor dv = Tensor::empty({B, H, 1, D}, DType::F16, Device::cuda(0));
+        Tensor dout = Tensor::empty({B, H * G, 1, D}, DType::F16, Device::cuda(0));
+        const bool prev = cuda::attn_set_step_pdl(on == 1);
+        const long long before = cuda::attn_pdl_launches();
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t ge = nullptr;
+        if (graph) {
+          EXPECT_EQ(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal), cudaSuccess);
+          x->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), SdpaParams{});
+          EXPECT_EQ(cudaStreamEndCapture(stream, &g), cudaSuccess);
+          EXPECT_EQ(cudaGraphInstantiate(&ge, g, 0), cudaSuccess);
+        }
+        cuda::attn_set_step_pdl(prev);
+        pdl_launches[on] = cuda::attn_pdl_launches() - before;
+        if (graph && !ge) break;
+        for (int st = 0; st < steps; ++st) {
+          for (auto [t, shape] : {std::pair{&dq, Shape{B, H * G, 1, D}}, std::pair{&dk, Shape{B, H, 1, D}},
+                                  std::pair{&dv, Shape{B, H, 1, D}}}) {
+            const Tensor h = random_tensor(shape, DType::F16, rng);
+            ASSERT_EQ(cudaMemcpyAsync(t->data(), h.data(), size_t(h.nbytes()), cudaMemcpyHostToDevice, stream),
+                      cudaSuccess);
+            ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);  // (h dies here)
+          }
+          if (graph) {
+            ASSERT_EQ(cudaGraphLaunch(ge, stream), cudaSuccess);
+          } else {
+            const bool p2 = cuda::attn_set_step_pdl(on == 1);
+            const long long b2 = cuda::attn_pdl_launches();
+            x->decode_step(dq.view(), dk.view(), dv.view(), dout.view(), SdpaParams{});
+            cuda::attn_set_step_pdl(p2);
+            pdl_launches[on] += cuda::attn_pdl_launches() - b2;
+          }
+          ASSERT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+          const std::vector<float> o = floats(dout);
+          outs[on].insert(outs[on].end(), o.begin(), o.end());
+        }
+        if (ge) cudaGraphExecDestroy(ge);
+        if (g) cudaGraphDestroy(g);
+        x->sync_seq_lens();
+        EXPECT_EQ(x->offset(), P + steps);
+        EXPECT_FALSE(x->device_error());
+        states[on] = owner->state();
+      }
+      if (HasFailure()) break;
+      // where the programmatic launch applies: sm_90 and a kernel before attention of the step's own
+      const bool joined = !cs.fp16 && cs.mode == CacheMode::Stash && cs.s.ks != cs.s.vs && cuda::overlap_two_launches();
+      const bool applies = major >= 9 && !joined;
+      EXPECT_EQ(pdl_launches[0], 0) << "the switch was off";
+      if (applies) EXPECT_EQ(pdl_launches[1], graph ? 1 : steps) << "attention was not launched as a dependent";
+      else EXPECT_EQ(pdl_launches[1], 0) << "a dependent launch where none applies (sm_" << major << "x)";
+      EXPECT_EQ(outs[1], outs[0]) << "outputs differ between the two launches";
+      expect_same_state(states[1], states[0], "states after the steps");
+      checked += applies;
+    }
+  cudaStreamDestroy(stream);
+  if (major >= 9) EXPECT_EQ(checked, 8);  // every case but the defaults' Stash (joined launches), both ways
+  std::printf("[cuda decode pdl] %d case-ways with attention as a programmatic dependent launch (sm_%dx), outputs and "
+              "states equal to the plain launch's\n",
+              checked, major);
+}
+
 }  // namespace
 }  // namespace vq_cuda_test
