@@ -522,11 +522,6 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
   }
 
   // ---- lengths, visibility, this block's share ---------------------------------------------
-  // A decode step launches this kernel as a programmatic dependent of the step's kernel before
-  // it (attn_launch's pdl: window rows, encode or row append, which write the lengths, codes and
-  // window rows read from here on): the launch and the loads above (codebooks, queries, λ,
-  // written before the step) overlap that kernel; nothing here writes before this wait.
-  grid_dep_wait();
   const int len_b = p.seq_len[b], rcount_b = p.res_count ? p.res_count[b] : 0;  // loads issued, not waited on
   if constexpr (MINB >= 2)  // read back after the loop (below)
     if (tid == 0) sFlag[1] = split, sFlag[2] = b, sFlag[3] = int(blockIdx.y);
@@ -620,6 +615,14 @@ __global__ void __launch_bounds__(32 * W, MINB) vq_attn_kernel(const AttnParams 
     }
   }
 
+  // A decode step launches this kernel as a programmatic dependent of the step's kernel before
+  // it (attn_launch's pdl: window rows, the encode or the rows' append), which may write code
+  // rows and window rows, read from here on (the L2 prefetches above only warm L2, where those
+  // writes land). What was read before this point was not written inside the step: queries
+  // (the caller's), codebooks and λ (the cache's), and the lengths, which within a step only
+  // this kernel's last block advances. So the launch, those loads and the split arithmetic
+  // overlap that kernel; nothing before this wait writes global memory (diagnosis stamps aside).
+  grid_dep_wait();
   // ---- code ring (PIPE > 0): the first stages start now, so their latency hides under the
   // query transform and the codebook copies below (the ring aliases nothing those touch).
   const uint32_t ring_s = uint32_t(__cvta_generic_to_shared(sRing + warp * (PIPE > 0 ? PIPE : 1) * T::kStageBytes));

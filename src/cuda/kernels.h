@@ -180,10 +180,10 @@ int attn_blocks_per_sm(const AttnConfigKey& k, int device);
 /// priority, which a graph uses when instantiated with cudaGraphInstantiateFlagUseNodePriority).
 /// pdl: launched as a programmatic dependent of the kernel before it on the stream (sm_90+, a
 /// kernel built for it, attn_set_step_pdl on): its blocks start while that kernel runs and wait
-/// for it (grid_dep_wait) before they read the lengths, codes or window rows. Only for a kernel
-/// of the caller's own that writes none of what the kernel reads before that wait: the queries,
-/// the codebooks and λ (decode steps: window rows, encode or row append; captured graphs keep it
-/// as a programmatic edge).
+/// for it (grid_dep_wait) before they read codes or window rows. Only for a kernel of the
+/// caller's own that writes none of what the kernel reads before that wait: the queries, the
+/// codebooks, λ and the lengths (decode steps: window rows, encode or row append, none of which
+/// writes the lengths; captured graphs keep it as a programmatic edge).
 void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int priority = 0, bool pdl = false);
 /// Prefill attention (prefill_kernel.cuh): a chunk of many queries against the codes and the
 /// window, 128 query rows per block (64 with VQ_CUDA_VARIANTS), the history unsplit.
