@@ -213,7 +213,8 @@ int max_active_clusters(const AttnEntry& e, int splits) {
 
 /// Whether entry e's kernel can be a programmatic dependent launch on the current device: sm_90+
 /// and the kernel built for it (an sm_80 build run through PTX JIT has no grid_dep_wait, so it
-/// would read the lengths before the kernel before it wrote them). Cached per (device, kernel).
+/// would read code and window rows before the kernel before it wrote them). Cached per (device,
+/// kernel).
 bool pdl_capable(const AttnEntry& e) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> cache;
