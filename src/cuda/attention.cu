@@ -181,41 +181,11 @@ struct LaunchConfig {
   LaunchConfig& operator=(const LaunchConfig&) = delete;
 };
 
-/// How many clusters of `splits` blocks of the entry's kernel can be resident at once on the
-/// current device (0: none, or the kernel/device cannot run clusters). Cached per (device,
-/// kernel, splits); the first query also allows non-portable sizes (9..16) for the kernel.
-int max_active_clusters(const AttnEntry& e, int splits) {
-  static std::mutex mu;
-  static std::map<std::tuple<int, const void*, int>, int> cache;
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  const auto key = std::make_tuple(dev, e.kernel, splits);
-  if (auto it = cache.find(key); it != cache.end()) return it->second;
-  int n = 0, major = 0;
-  VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  cudaFuncAttributes fa{};
-  VQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, e.kernel));
-  if (major >= 9 && fa.binaryVersion >= 90) {  // a kernel built for sm_80 (PTX JIT) has no cluster path
-    if (splits > 8) VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
-    VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
-    const LaunchConfig cl(e, dim3(unsigned(splits), 1, 1), nullptr, true);
-    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cl.cfg);
-    if (err != cudaSuccess) {
-      (void)cudaGetLastError();  // not fatal: such launches merge through the workspace
-      g_cluster_query_error = cudaGetErrorString(err);
-      n = 0;
-    }
-  }
-  cache[key] = n;
-  return n;
-}
-
-/// Whether entry e's kernel can be a programmatic dependent launch on the current device: sm_90+
-/// and the kernel built for it (an sm_80 build run through PTX JIT has no grid_dep_wait, so it
-/// would read code and window rows before the kernel before it wrote them). Cached per (device,
-/// kernel).
-bool pdl_capable(const AttnEntry& e) {
+/// Whether entry e's kernel runs its own sm_90 code on the current device (sm_90+ and the kernel
+/// built for it), which its sm_90-only paths need: the cluster merge, and the programmatic
+/// dependent launch's grid_dep_wait (an sm_80 build run through PTX JIT has neither: it would read
+/// code and window rows before the kernel before it wrote them). Cached per (device, kernel).
+bool runs_sm90_code(const AttnEntry& e) {
   static std::mutex mu;
   static std::map<std::pair<int, const void*>, bool> cache;
   int dev = 0;
@@ -230,6 +200,33 @@ bool pdl_capable(const AttnEntry& e) {
   const bool ok = major >= 9 && fa.binaryVersion >= 90;
   cache[key] = ok;
   return ok;
+}
+
+/// How many clusters of `splits` blocks of the entry's kernel can be resident at once on the
+/// current device (0: none, or the kernel/device cannot run clusters). Cached per (device,
+/// kernel, splits); the first query also allows non-portable sizes (9..16) for the kernel.
+int max_active_clusters(const AttnEntry& e, int splits) {
+  static std::mutex mu;
+  static std::map<std::tuple<int, const void*, int>, int> cache;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(dev, e.kernel, splits);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  int n = 0;
+  if (runs_sm90_code(e)) {
+    if (splits > 8) VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+    VQ_CUDA_CHECK(cudaFuncSetAttribute(e.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, e.smem));
+    const LaunchConfig cl(e, dim3(unsigned(splits), 1, 1), nullptr, true);
+    const cudaError_t err = cudaOccupancyMaxActiveClusters(&n, e.kernel, &cl.cfg);
+    if (err != cudaSuccess) {
+      (void)cudaGetLastError();  // not fatal: such launches merge through the workspace
+      g_cluster_query_error = cudaGetErrorString(err);
+      n = 0;
+    }
+  }
+  cache[key] = n;
+  return n;
 }
 
 /// Whether a launch of entry e with p's plan runs as clusters: 2..16 splits, the switch on,
@@ -271,7 +268,7 @@ void derive_divisors(AttnParams& p) {
 void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0,
                   bool pdl = false) {
   const bool cluster = use_cluster(e, p);
-  pdl = pdl && g_step_pdl.load() && pdl_capable(e);
+  pdl = pdl && g_step_pdl.load() && runs_sm90_code(e);
   AttnParams pg = p;
   pg.cluster_launch = cluster ? 1 : 0;
   derive_divisors(pg);

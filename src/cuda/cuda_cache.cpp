@@ -1089,10 +1089,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
         encode_beside(e, two ? (i == 0 ? 1 : 2) : 3, i == 0 ? side_ : side2_, i == 0 ? ev_join_ : ev_join2_);
       cuda::note_overlapped_step();
     } else {
-      launch_append(dev4(k), dev4(v), n, true, step_gate());
       // attention starts while the encode ends, unless the encode was two launches joined from a
       // side stream (an event wait, not a kernel, before it)
-      const bool joined = side_ && key_pq_.sub_dim != value_pq_.sub_dim && cuda::overlap_two_launches();
+      const bool joined = launch_append(dev4(k), dev4(v), n, true, step_gate());
       run_attention(q, out, params, n, true, true, 0, !joined);
     }
     if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them
@@ -1663,7 +1662,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   /// defaults' d4 keys and d8 values) run side by side: the values' launch on a side stream
   /// forked from and joined back into the cache's stream before this returns
   /// (cuda::overlap_two_launches() off: one after the other). Both ways write the same bytes.
-  void launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode, const int* gate = nullptr) {
+  /// Returns whether the side stream was joined back (the last operation on the cache's stream is
+  /// then an event wait, not a kernel).
+  bool launch_append(const DevTensor4& k, const DevTensor4& v, int n, bool decode_mode, const int* gate = nullptr) {
     cuda::EncodeParams e = enc_params(k, v, n);
     e.gate = gate;
     if (mode_ != CacheMode::MemoryBound && config_.residual_length > 0) cuda::evict_launch(e, stream_);
@@ -1673,9 +1674,10 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       ek.sides = 1;
       cuda::encode_launch(ek, true, stream_);
       encode_beside(e, 2, side_, ev_join_);
-      return;
+      return true;
     }
     cuda::encode_launch(e, decode_mode, stream_);
+    return false;
   }
 
   /// The candidate grids of codebooks of more than 256 centroids, built on the device once
