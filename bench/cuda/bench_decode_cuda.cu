@@ -600,8 +600,9 @@ int main(int argc, char** argv) {
   // sees hist + i + 1 tokens): median device time of the attention alone, L2 flushed before
   // each, by the prefill kernel (run 116; blocks of 64 and of 128 query rows, run 121), by the
   // decode kernel's row chunks in one launch
-  // (run 115) and in one launch per 16 queries (before run 115), and which of them the default
-  // (cuda::kPrefillAuto) takes; all three outputs must agree (the prefill kernel's fp16 query and
+  // (run 115) and in one launch per 16 queries (before run 115), by the prefill kernel over the
+  // tokens expanded once into exact rows (run 169; coded caches), and which of them the default
+  // (cuda::kPrefillAuto, cuda::kRowsAuto) takes; all outputs must agree (the prefill kernel's fp16 query and
   // centroids differ from the decode kernel's int8 ones by rounding only); the fp16 device
   // cache over the same tokens for context; the peer (peer_sdpa.py --prefill: PyTorch SDPA over
   // fp16 K/V with a lower-right causal mask) from the same run. TFLOP/s count 4·head_dim per
@@ -624,9 +625,10 @@ int main(int argc, char** argv) {
                                      {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
     std::printf("\nprefill attention, batch 1, %d q / %d kv heads, head_dim %d, window %d, causal; int8 keys\n", kH, kKV, kD, kR);
     std::printf("| cache | history | chunk | prefill kernel, 64-row blocks us | prefill kernel, 128-row blocks us | "
-                "decode kernel, one launch us | 16-query launches us | default path | default us | default vs 16-query | "
-                "TFLOP/s | peer us | peer | speedup | NMSE prefill 64 / 128 / one launch vs 16 |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+                "prefill kernel over dequantized rows us | decode kernel, one launch us | 16-query launches us | "
+                "default path | default us | default vs 16-query | TFLOP/s | peer us | peer | speedup | "
+                "NMSE prefill 64 / 128 / rows / one launch vs 16 |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     bool prefill_ok = true;
     for (const PCfg& pc : pcfgs)
       for (const PCase& c : pcases) {
@@ -652,6 +654,7 @@ int main(int argc, char** argv) {
         Tensor od = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor od128 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor odef = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
+        Tensor orows = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor o1 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         Tensor o16 = Tensor::empty({1, kH, c.q, kD}, DType::F16, Device::cuda(0));
         grid_fill(static_cast<__half*>(kn.data()), size_t(kn.numel()), 73, 1.0f);
@@ -662,7 +665,10 @@ int main(int argc, char** argv) {
         SdpaParams sp;
         sp.causal = true;
         long long pre_launches = 0;
-        auto time_with = [&](int mode, int per_launch, Tensor& out, int rows = 0) {
+        long long rows_launches = 0;
+        auto time_with = [&](int mode, int per_launch, Tensor& out, int rows = 0, int rows_mode = cuda::kRowsOff) {
+          const int prev_rows_mode = cuda::set_prefill_rows_mode(rows_mode);
+          const long long rows_before = cuda::prefill_rows_launches();
           const int prev_mode = cuda::set_prefill_mode(mode);
           const int prev = cuda::set_prefill_launch_queries(per_launch);
           const int prev_rows = cuda::set_prefill_block_rows(rows);
@@ -673,15 +679,21 @@ int main(int argc, char** argv) {
           cuda::set_prefill_block_rows(prev_rows);
           cuda::set_prefill_launch_queries(prev);
           cuda::set_prefill_mode(prev_mode);
+          rows_launches = cuda::prefill_rows_launches() - rows_before;
+          cuda::set_prefill_rows_mode(prev_rows_mode);
           return us;
         };
         // blocks of 64 rows: VQ_CUDA_VARIANTS builds only
         const bool has64 = cuda::prefill_compiled({kD, pc.s.ks, pc.s.kb, pc.s.vs, pc.s.vb, 1}, 64);
         const double usp = has64 ? time_with(cuda::kPrefillAlways, 0, od, 64) : 0.0;
         const double usp128 = time_with(cuda::kPrefillAlways, 0, od128, 128);
+        // over dequantized rows (run 169): forced, coded caches only (the fp16 cache's rows are exact)
+        const bool coded = pc.kind == CacheKind::VecInfer;
+        const double usr = coded ? time_with(cuda::kPrefillAuto, 0, orows, 0, cuda::kRowsAlways) : 0.0;
+        const bool rows_ran = coded && rows_launches > 0;
         const double us1 = time_with(cuda::kPrefillOff, 0, o1), us16 = time_with(cuda::kPrefillOff, 16, o16);
-        const double usd = time_with(cuda::kPrefillAuto, 0, odef);  // the default path, timed itself
-        const bool ran_prefill = pre_launches > 0;
+        const double usd = time_with(cuda::kPrefillAuto, 0, odef, 0, cuda::kRowsAuto);  // the default path, timed itself
+        const bool ran_prefill = pre_launches > 0, def_rows = rows_launches > 0;
         auto nmse_vs16 = [&](const Tensor& o, bool& finite) {
           std::vector<uint16_t> ha(size_t(o.numel())), hb(ha.size());
           CK(cudaMemcpy(ha.data(), o.data(), ha.size() * 2, cudaMemcpyDeviceToHost));
@@ -697,8 +709,9 @@ int main(int argc, char** argv) {
         };
         bool finite = true;
         const double nmse_d = has64 ? nmse_vs16(od, finite) : 0.0, nmse_128 = nmse_vs16(od128, finite), nmse_1 = nmse_vs16(o1, finite);
-        const double nmse_def = nmse_vs16(odef, finite);
-        const bool ok = finite && nmse_d < 1e-4 && nmse_128 < 1e-4 && nmse_1 < 1e-5 && nmse_def < 1e-4;
+        const double nmse_def = nmse_vs16(odef, finite), nmse_rows = rows_ran ? nmse_vs16(orows, finite) : 0.0;
+        const bool ok = finite && nmse_d < 1e-4 && nmse_128 < 1e-4 && nmse_1 < 1e-5 && nmse_def < 1e-4 &&
+                        nmse_rows < 1e-4 && rows_ran == coded;
         prefill_ok &= ok;
         const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
         const double tflops = 4.0 * kD * kH * keys / (usd * 1e-6) / 1e12;
@@ -707,12 +720,15 @@ int main(int argc, char** argv) {
         if (it != ppeer.end())
           std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
                         it->second.us / usd);
-        char us64[32] = "-", nmse64[32] = "-";
+        char us64[32] = "-", nmse64[32] = "-", usrows[48] = "-", nmserows[32] = "-";
         if (has64) std::snprintf(us64, sizeof us64, "%.1f", usp), std::snprintf(nmse64, sizeof nmse64, "%.1e", nmse_d);
-        std::printf("| %s | %d | %d | %s | %.1f | %.1f | %.1f | %s | %.1f | %.2fx | %.0f | %s | %s / %.1e / %.1e%s |\n",
-                    pc.name.c_str(), c.hist, c.q, us64, usp128, us1, us16,
-                    ran_prefill ? "prefill kernel" : "decode kernel", usd, us16 / usd, tflops, peer_cols, nmse64,
-                    nmse_128, nmse_1, ok ? "" : " FAILED");
+        if (rows_ran)
+          std::snprintf(usrows, sizeof usrows, "%.1f (%.2fx the codes)", usr, usp128 / usr),
+              std::snprintf(nmserows, sizeof nmserows, "%.1e", nmse_rows);
+        std::printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.1f | %s | %.1f | %.2fx | %.0f | %s | %s / %.1e / %s / %.1e%s |\n",
+                    pc.name.c_str(), c.hist, c.q, us64, usp128, usrows, us1, us16,
+                    def_rows ? "prefill kernel over rows" : ran_prefill ? "prefill kernel" : "decode kernel", usd,
+                    us16 / usd, tflops, peer_cols, nmse64, nmse_128, nmserows, nmse_1, ok ? "" : " FAILED");
         std::fflush(stdout);
       }
     std::printf("\nprefill validation: %s\n", prefill_ok ? "every path's output agrees with the 16-query launches'"

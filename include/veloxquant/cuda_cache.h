@@ -71,6 +71,19 @@ CudaSupport cuda_support(const KVCacheConfig& config);
 /// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
 std::vector<std::string> cuda_attention_configs();
 
+/// Prefill over dequantized rows. An eager fused_sdpa of more than 16 queries (a prompt chunk)
+/// on a memory-bound VecInfer cache on the device first writes the tokens it holds once as
+/// exact rows (storage dtype; codes dequantized, keys inverse-transformed, window rows as held)
+/// into a transient workspace of 2 · batch · n_kv_heads · tokens · head_dim · 2 bytes, then
+/// attends over those rows with the prefill kernel, where attending over the codes directly
+/// would dequantize every tile once per block of 128 query rows. The workspace comes from a
+/// stream-ordered memory pool per device that keeps up to `bytes` reserved between calls (so a
+/// model's layers and the next chunk reuse it); a call that would need more attends over the
+/// codes. Default 1 GiB; 0 turns the path off and releases the pool's memory. Returns the
+/// previous limit. Decode steps, graph captures and the other caches never use it.
+int64_t set_cuda_prefill_workspace_limit(int64_t bytes);
+int64_t cuda_prefill_workspace_limit();
+
 /// The extra API of the CUDA caches (both kinds).
 class CudaKVCache : public KVCache {
  public:

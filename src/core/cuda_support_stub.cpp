@@ -1,5 +1,6 @@
 // Built only without CUDA: the public CUDA queries answer "no" (veloxquant/cuda_cache.h).
 #include "veloxquant/cuda_cache.h"
+#include "veloxquant/error.h"
 
 namespace veloxquant {
 
@@ -12,5 +13,11 @@ CudaSupport cuda_support(const KVCacheConfig&) {
 }
 
 std::vector<std::string> cuda_attention_configs() { return {}; }
+
+int64_t set_cuda_prefill_workspace_limit(int64_t bytes) {
+  VQ_CHECK_VALUE(bytes >= 0, "prefill workspace limit: " << bytes << " bytes (must be >= 0)");
+  return 0;
+}
+int64_t cuda_prefill_workspace_limit() { return 0; }
 
 }  // namespace veloxquant

@@ -505,6 +505,11 @@ class CudaCacheBase : public CudaKVCache {
     // kPrefillAlways runs it everywhere (tests).
     const int G = H / n_kv_heads_;
     const int pmode = cuda::prefill_mode();
+    // Prefill over dequantized rows (run 169): the held tokens expanded once into exact rows, then
+    // the prefill kernel over those rows, where every 128-row block would otherwise dequantize
+    // every tile of the history itself (cuda::PrefillRowsMode; kPrefillAuto only)
+    if (!use_plan && Q > 16 && pmode == cuda::kPrefillAuto && n_new == 0 && prefill_over_rows(q, out, sp, scale))
+      return;
     bool prefill = false;
     if (!use_plan && Q > 16 && pmode != cuda::kPrefillOff && cuda::prefill_compiled(attn_key(1))) {
       cuda::AttnParams probe;
@@ -523,21 +528,7 @@ class CudaCacheBase : public CudaKVCache {
         pl = make_plan(H, nq, offset());
         ensure_workspace(pl);
       }
-      cuda::AttnParams p;
-      p.batch = int(batch_);
-      p.n_heads = H;
-      p.n_kv_heads = n_kv_heads_;
-      p.head_dim = D;
-      p.q_len = nq;
-      p.q_tail = Q - c0;
-      p.q = dev4(q);
-      p.q.data = static_cast<const char*>(q.data) + int64_t(c0) * q.strides[2] * dtype_size(q.dtype);
-      p.out = static_cast<char*>(out.data) + int64_t(c0) * out.strides[2] * dtype_size(out.dtype);
-      p.out_dtype = out.dtype;
-      for (int i = 0; i < 4; ++i) p.out_stride[i] = out.strides[i];
-      p.scale_log2 = scale * 1.4426950408889634f;
-      p.causal = sp.causal ? 1 : 0;
-      p.sliding_window = sp.sliding_window;
+      cuda::AttnParams p = attn_params(q, out, sp, scale, c0, nq);
       p.n_splits = pl.splits;
       p.n_row_chunks = pl.row_chunks;
       p.rows_per_chunk = 8 * pl.nt;
@@ -560,6 +551,79 @@ class CudaCacheBase : public CudaKVCache {
       cuda::attn_launch(pl.key, p, stream_, priority, pdl);
     }
   }
+
+  /// The launch parameters every attention launch shares: shapes, queries c0 .. c0 + nq of q
+  /// (the last Q - c0 of its chunk) into out, scale and masks.
+  cuda::AttnParams attn_params(const TensorView& q, const TensorView& out, const SdpaParams& sp, float scale, int c0,
+                               int nq) const {
+    cuda::AttnParams p;
+    p.batch = int(batch_);
+    p.n_heads = int(q.shape[1]);
+    p.n_kv_heads = n_kv_heads_;
+    p.head_dim = config_.head_dim;
+    p.q_len = nq;
+    p.q_tail = int(q.shape[2]) - c0;
+    p.q = dev4(q);
+    p.q.data = static_cast<const char*>(q.data) + int64_t(c0) * q.strides[2] * dtype_size(q.dtype);
+    p.out = static_cast<char*>(out.data) + int64_t(c0) * out.strides[2] * dtype_size(out.dtype);
+    p.out_dtype = out.dtype;
+    for (int i = 0; i < 4; ++i) p.out_stride[i] = out.strides[i];
+    p.scale_log2 = scale * 1.4426950408889634f;
+    p.causal = sp.causal ? 1 : 0;
+    p.sliding_window = sp.sliding_window;
+    return p;
+  }
+
+  /// Prefill over dequantized rows (cuda::PrefillRowsMode) of an eager call of more than 16
+  /// queries: the held tokens written once as exact rows into a workspace from the device's pool
+  /// (materialize_rows), the prefill kernel over them as over an fp16 cache's rows, the
+  /// workspace freed behind it on the stream. False (nothing queued) where it does not apply:
+  /// a cache without codes to expand, a step captured since the host's lengths were last read
+  /// (replays may have moved the device's past them: the workspace is sized by the host's
+  /// mirror), auto mode with a grid that does not fill the device, a workspace beyond the limit
+  /// or that cannot be allocated.
+  bool prefill_over_rows(const TensorView& q, const TensorView& out, const SdpaParams& sp, float scale) {
+    const int rmode = cuda::prefill_rows_mode();
+    if (rmode == cuda::kRowsOff || !can_materialize() || steps_captured_ || capturing()) return false;
+    const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
+    const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
+    if (!cuda::prefill_compiled(rows_key)) return false;
+    const bool fills = (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows * n_kv_heads_ * batch_ >= n_sms_;
+    if (rmode == cuda::kRowsAuto && !fills) return false;
+    if ((int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows > 65535) return false;  // gridDim.y: the row chunks
+    const int64_t cap = offset();  // >= every device length: the device's only trail the host's (failed deferred updates)
+    const size_t side = size_t(batch_ * n_kv_heads_ * cap * D) * dtype_size(config_.storage_dtype);
+    if (cap == 0 || 2 * side > size_t(cuda::rows_workspace_limit())) return false;
+    cuda::AttnParams p = attn_params(q, out, sp, scale, 0, Q);
+    p.done_counter = done_.ptr<int>();
+    fill_attn(p);
+    void* ws = cuda::rows_workspace_alloc(device_.index, 2 * side, stream_);
+    if (ws == nullptr) return false;
+    try {
+      void* wk = ws;
+      void* wv = static_cast<char*>(ws) + side;
+      materialize_rows(wk, wv, cap);
+      p.k_codes = p.v_codes = nullptr;
+      p.k_win = wk;
+      p.v_win = wv;
+      p.win_cap = cap;
+      p.win_ring = 0;
+      p.win_all = 1;
+      cuda::prefill_launch(rows_key, p, stream_);
+    } catch (...) {
+      cuda::rows_workspace_free(ws, stream_);
+      throw;
+    }
+    cuda::rows_workspace_free(ws, stream_);
+    cuda::count_prefill_rows_launch();
+    return true;
+  }
+  /// Whether materialize_rows has codes to expand (MemoryBound caches holding tokens).
+  virtual bool can_materialize() const { return false; }
+  /// Writes every held token of every sequence as an exact row (the storage dtype) into k and v,
+  /// [batch, n_kv_heads, cap, head_dim]: window tokens as held, older ones dequantized (keys
+  /// inverse-transformed), with the centroids the decode kernel reads.
+  virtual void materialize_rows(void* /*k*/, void* /*v*/, int64_t /*cap*/) const {}
 
   void set_lengths_host(const std::vector<int64_t>& lens, const std::vector<int64_t>& rcs) {
     std::vector<int32_t> l(lens.begin(), lens.end()), r(rcs.begin(), rcs.end());
@@ -1290,8 +1354,8 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   int64_t fp16_value_bytes() const override { return fp16_key_bytes(); }
   int64_t codebook_bytes() const override {
     int64_t n = 0;
-    for (const Tensor* t : {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
-                            &inv_lambda_})
+    for (const Tensor* t : {&k_cb_, &v_cb_, &k_nrm_, &v_nrm_, &k_cb16_, &v_cb16_, &k_cb8_, &v_cb8_, &k_cb_op_,
+                            &v_cb_op_, &lambda_, &inv_lambda_})
       if (t->defined()) n += t->nbytes();
     return n;
   }
@@ -1449,6 +1513,22 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       k_cb16_ = upload_u16(to_half_bits(kp.codebook), {kp.n_centroids, kp.sub_dim}, device_);
       v_cb16_ = upload_u16(to_half_bits(vp.codebook), {vp.n_centroids, vp.sub_dim}, device_);
     }
+    // The centroids the decode kernel reads, as f32, where they differ from the codebooks by more
+    // than fp16 rounding (E4M3 keys and values, int8 keys, int8 values): prefill over
+    // dequantized rows expands the codes with these, so its rows agree with every other path
+    // of the cache (materialize_rows). Elsewhere it reads the f32 codebooks.
+    k_cb_op_ = v_cb_op_ = Tensor{};
+    if (mode_ == CacheMode::MemoryBound) {
+      const CodebookFormat f = c.attention_codebooks;
+      if (f == CodebookFormat::E4M3) {
+        k_cb_op_ = upload_f32(make_e4m3_codebook(kp.codebook).decoded, {kp.n_centroids, kp.sub_dim}, device_);
+        v_cb_op_ = upload_f32(make_e4m3_codebook(vp.codebook).decoded, {vp.n_centroids, vp.sub_dim}, device_);
+      } else if (f == CodebookFormat::I8 || f == CodebookFormat::I8KV) {
+        k_cb_op_ = upload_f32(make_i8_codebook(kp.codebook).decoded, {kp.n_centroids, kp.sub_dim}, device_);
+        if (f == CodebookFormat::I8KV)
+          v_cb_op_ = upload_f32(make_i8_codebook(vp.codebook).decoded, {vp.n_centroids, vp.sub_dim}, device_);
+      }
+    }
     // candidate grids of sub_dim-4 codebooks: the bulk encoder re-ranks a cell's few candidates
     // instead of scanning the codebook (src/core/pq_grid.h). Codebooks of <= 256 centroids get
     // theirs here (host build, ~35 ms, ~124 KB, shared between caches of one codebook); larger
@@ -1534,6 +1614,22 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     codes_k_ = nck;
     codes_v_ = ncv;
     capacity_ = cap;
+  }
+
+  bool can_materialize() const override { return mode_ == CacheMode::MemoryBound && offset() > 0; }
+  void materialize_rows(void* k, void* v, int64_t cap) const override {
+    cuda::EncodeParams e = enc_params(DevTensor4{}, DevTensor4{}, 0);
+    if (k_cb_op_.defined()) e.k_cb = k_cb_op_.ptr<float>();
+    if (v_cb_op_.defined()) e.v_cb = v_cb_op_.ptr<float>();
+    e.k_ring = ring_k_.defined() ? ring_k_.data() : nullptr;
+    e.v_ring = ring_v_.defined() ? ring_v_.data() : nullptr;
+    e.ring_cap = std::max<int64_t>(config_.residual_length, 1);
+    e.k_win = k;
+    e.v_win = v;
+    e.win_cap = cap;
+    e.win_ring = 0;
+    e.gate = nullptr;
+    cuda::materialize_launch(e, cap, stream_);
   }
 
   cuda::EncodeParams enc_params(const DevTensor4& k, const DevTensor4& v, int n) const {
@@ -1778,11 +1874,12 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(v_grid_, o.v_grid_);
     std::swap(grids_tried_, o.grids_tried_);
     std::swap(bulk_th_, o.bulk_th_);
-    Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_, &v_cb8_, &lambda_,
-                      &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
+    Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_,  &v_cb8_,  &k_cb_op_, &v_cb_op_,
+                      &lambda_, &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
     Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
-                        &o.k_cb8_,      &o.v_cb8_,  &o.lambda_, &o.inv_lambda_, &o.held_k_, &o.held_v_,
-                        &o.codes_k_,    &o.codes_v_, &o.pend_k_, &o.pend_v_,   &o.ring_k_,  &o.ring_v_};
+                        &o.k_cb8_,      &o.v_cb8_,  &o.k_cb_op_, &o.v_cb_op_, &o.lambda_, &o.inv_lambda_,
+                        &o.held_k_,     &o.held_v_, &o.codes_k_, &o.codes_v_, &o.pend_k_, &o.pend_v_,
+                        &o.ring_k_,     &o.ring_v_};
     for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); ++i) std::swap(*mine[i], *theirs[i]);
   }
 
@@ -1794,6 +1891,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   float k_cmax_ = 0, v_cmax_ = 0;
   float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3: 1/scale of the key and value codebooks; int8 keys: the key scale
   Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
+  Tensor k_cb_op_, v_cb_op_;  // the decode kernel's centroids as f32, where they differ (materialize_rows)
   /// candidate grids of the codebooks (counted in nbytes, not in codebook_bytes; null pointers: none)
   cuda::DeviceEncodeGrid k_grid_, v_grid_;
   bool grids_tried_ = false;  ///< every codebook's grid built (or found impossible)

@@ -26,6 +26,8 @@
 #include <algorithm>
 #include <cfloat>
 #include <climits>
+#include <cstring>
+#include <type_traits>
 
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
@@ -964,6 +966,91 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
   }
 }
 
+/// materialize_launch: every held position of every (batch, kv head) as an exact row. One warp per
+/// row, lane l holding elements [l·E, l·E + E) (E = D / 32) in registers: window rows copied as
+/// stored, coded ones dequantized (the lane's codes, its centroid elements, for keys the FWHT
+/// across the warp by shuffles, the 1/sqrt(D) scale and λ) and stored in one vector store. U rows
+/// a warp at a time, and every load of a row issued before any is used: the lengths, the code
+/// words and the ring's row do not depend on each other (codes and ring slots exist for every
+/// position below the capacity), so a row costs two dependent round trips (those loads, then the
+/// centroids) instead of four (runs 169-170: 0.5-0.7 TB/s of rows written with the chain).
+template <int D, int SD>
+__global__ void __launch_bounds__(256) vq_materialize_kernel(const EncodeParams p, int64_t n) {
+  constexpr int E = D / 32, U = 4;
+  constexpr int NS = E >= SD ? E / SD : 1;  // sub-vectors a lane touches
+  constexpr int EP = E >= SD ? SD : E;      // its elements of each
+  using Vec = typename std::conditional<E == 2, uint32_t, typename std::conditional<E == 4, uint2, uint4>::type>::type;
+  static_assert(sizeof(Vec) == size_t(E) * 2, "a lane's part of a 16-bit row");
+  const bool keys = blockIdx.y == 0;
+  const Side sd = side_of(p, keys);
+  if (sd.sub != SD) return;
+  const int lane = threadIdx.x & 31;
+  const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
+  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  const uint32_t mask = (1u << sd.bits) - 1u;
+  const uint16_t* ring = static_cast<const uint16_t*>(keys ? p.k_ring : p.v_ring);
+  for (int64_t base = warp * U; base < items; base += n_warps * U) {
+    int L[U], w[U], kvh[U];
+    int64_t bh[U], pos[U];
+    Vec win[U];
+    uint32_t lo[U][NS], hi[U][NS];
+    float lam[U][E];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of the U rows
+      const int64_t it = min(base + u, items - 1);  // (a duplicate of the last row is dropped below)
+      const Pos q = decompose(it, p.n_kv_heads, int(n));
+      bh[u] = int64_t(q.b) * p.n_kv_heads + q.kvh;
+      kvh[u] = q.kvh;
+      pos[u] = base + u < items ? q.i : -1;
+      L[u] = __ldg(p.seq_len + q.b);
+      w[u] = p.res_count ? __ldg(p.res_count + q.b) : 0;
+      if (ring != nullptr) win[u] = __ldg(reinterpret_cast<const Vec*>(ring + (bh[u] * p.ring_cap + q.i % p.ring_cap) * D) + lane);
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(sd.codes + (bh[u] * p.code_cap + q.i) * sd.row_stride);
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int bit = ((lane * E) / SD + s) * sd.bits, o = bit & 31;
+        lo[u][s] = __ldg(row + (bit >> 5));
+        hi[u][s] = (o + sd.bits > 32) ? __ldg(row + (bit >> 5) + 1) : 0u;
+      }
+#pragma unroll
+      for (int j = 0; j < E; ++j) lam[u][j] = (keys && p.lambda) ? __ldg(p.lambda + q.kvh * D + lane * E + j) : 1.0f;
+    }
+    float y[U][E];
+#pragma unroll
+    for (int u = 0; u < U; ++u)  // the centroids (also for rows that turn out not to need them)
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int o = (((lane * E) / SD + s) * sd.bits) & 31;
+        const uint32_t code = __funnelshift_r(lo[u][s], hi[u][s], o) & mask;
+#pragma unroll
+        for (int j = 0; j < EP; ++j)
+          y[u][s * EP + j] = __ldg(sd.cb + size_t(code) * SD + (E >= SD ? j : (lane * E) % SD + j));
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (pos[u] < 0 || pos[u] >= L[u]) continue;
+      const int wn = min(p.residual_length, w[u]);
+      uint16_t* dst = static_cast<uint16_t*>(sd.win) + (bh[u] * p.win_cap + pos[u]) * D;
+      if (pos[u] >= L[u] - wn) {  // an exact window row, as stored
+        reinterpret_cast<Vec*>(dst)[lane] = win[u];
+        continue;
+      }
+      if (keys && p.use_hadamard) {
+        warp_fwht_row(y[u], lane);
+#pragma unroll
+        for (int j = 0; j < E; ++j) y[u][j] = __fmul_rn(y[u][j], p.hadamard_scale);
+      }
+      uint16_t h[E];
+#pragma unroll
+      for (int j = 0; j < E; ++j) h[j] = f_to_store16(__fmul_rn(y[u][j], lam[u][j]), p.win_bf16);
+      Vec out;
+      memcpy(&out, h, sizeof(out));
+      reinterpret_cast<Vec*>(dst)[lane] = out;
+    }
+  }
+}
+
 __global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
                                    int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag,
                                    const int* gate) {
@@ -1262,6 +1349,38 @@ void evict_launch(const EncodeParams& p, void* stream) {
     case 128: dequant_d<128>(p, 1, 0, p.n_new, -1, s); break;
     case 256: dequant_d<256>(p, 1, 0, p.n_new, -1, s); break;
     default: VQ_THROW(UnsupportedError, "CUDA evict: head_dim " << p.head_dim);
+  }
+}
+
+template <int D>
+void materialize_d(const EncodeParams& p, int64_t n, cudaStream_t s) {
+  const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
+  const int64_t blocks = std::min<int64_t>((items + 31) / 32, int64_t(1) << 20);  // 8 warps of 4 rows a block
+  const dim3 grid(unsigned(std::max<int64_t>(blocks, 1)), 2);
+  auto run = [&](auto kern) {
+    kern<<<grid, 256, 0, s>>>(p, n);
+    VQ_CUDA_CHECK(cudaGetLastError());
+  };
+  if (p.k_sub == 4 || p.v_sub == 4) run(vq_materialize_kernel<D, 4>);
+  if (p.k_sub == 8 || p.v_sub == 8) run(vq_materialize_kernel<D, 8>);
+}
+
+void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream) {
+  check_encode_geometry(p);
+  VQ_CHECK_VALUE(p.seq_len != nullptr && p.k_win != nullptr && p.v_win != nullptr && n_max <= p.win_cap &&
+                     (p.residual_length == 0 || (p.k_ring != nullptr && p.v_ring != nullptr && p.ring_cap > 0)),
+                 "CUDA materialize: lengths, destinations of " << p.win_cap << " rows (need " << n_max
+                                                               << ") and the window's ring are required");
+  VQ_CHECK_VALUE(int64_t(p.batch) * p.n_kv_heads * n_max < (int64_t(1) << 31),
+                 "CUDA materialize: batch·n_kv_heads·tokens = " << int64_t(p.batch) * p.n_kv_heads * n_max
+                                                                << " rows (limit 2^31)");
+  if (p.batch == 0 || n_max == 0 || p.n_kv_heads == 0) return;
+  const cudaStream_t s = as_stream(stream);
+  switch (p.head_dim) {
+    case 64: materialize_d<64>(p, n_max, s); break;
+    case 128: materialize_d<128>(p, n_max, s); break;
+    case 256: materialize_d<256>(p, n_max, s); break;
+    default: VQ_THROW(UnsupportedError, "CUDA materialize: head_dim " << p.head_dim);
   }
 }
 

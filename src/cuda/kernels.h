@@ -225,6 +225,34 @@ int set_prefill_mode(int mode);
 int prefill_mode();
 /// Prefill-kernel launches so far in this process (tests: which path ran).
 long long prefill_launches();
+/// Prefill over dequantized rows (MemoryBound caches, eager calls of more than 16 queries): the
+/// cache's held tokens are first written once as exact rows into a stream-ordered workspace
+/// (materialize_launch: codes dequantized, keys inverse-transformed; window tokens copied), and
+/// the prefill kernel then attends over those rows as over an fp16 cache's (win_all), instead of
+/// every 128-row block dequantizing every tile itself. kRowsAuto (the default) takes it where the
+/// prefill kernel's grid fills the device (the rule above) and the workspace fits the limit
+/// (veloxquant::set_cuda_prefill_workspace_limit); kRowsAlways wherever the workspace fits (tests);
+/// kRowsOff never (the benchmark's A/B). Only under kPrefillAuto: kPrefillAlways / kPrefillOff
+/// keep meaning the kernel over codes / the row chunks. Process-wide; returns the previous mode.
+enum PrefillRowsMode : int { kRowsOff = 0, kRowsAuto = 1, kRowsAlways = 2 };
+int set_prefill_rows_mode(int mode);
+int prefill_rows_mode();
+/// Prefill launches over dequantized rows so far in this process (tests: which path ran).
+long long prefill_rows_launches();
+void count_prefill_rows_launch();
+/// The rows path's workspace (2 · batch · n_kv_heads · tokens · head_dim · 2 bytes), from a
+/// stream-ordered pool per device that keeps up to the limit reserved between calls (released
+/// down to it at the next synchronisation). rows_workspace_alloc returns null where the request
+/// passes the limit, the device has no memory pools or the allocation fails (the caller then
+/// attends over the codes); set_rows_workspace_limit(0) turns the path off and releases the
+/// pools' memory. Public as veloxquant::set_cuda_prefill_workspace_limit.
+constexpr int64_t kRowsWorkspaceDefault = int64_t(1) << 30;
+int64_t set_rows_workspace_limit(int64_t bytes);
+int64_t rows_workspace_limit();
+/// Bytes the device's pool holds now (0 before its first use).
+int64_t rows_workspace_reserved(int device);
+void* rows_workspace_alloc(int device, size_t bytes, void* stream);
+void rows_workspace_free(void* p, void* stream);
 /// Clusters of `splits` blocks of the configuration's kernel resident at once on the current
 /// device (0 where clusters cannot run; *error, if given, gets the last failed query's message).
 int attn_max_active_clusters(const AttnConfigKey& k, int splits, const char** error = nullptr);
@@ -369,6 +397,10 @@ struct EncodeParams {
   int* dec_ws_code = nullptr;
   int* dec_ws_count = nullptr;
   int64_t dec_ws_jobs = 0;
+  // materialize_launch only: the exact window's ring (the sources of window positions)
+  const void* k_ring = nullptr;
+  const void* v_ring = nullptr;
+  int64_t ring_cap = 0;
 };
 /// Blocks per token group of a decode-mode encode with a workspace (EncodeParams::dec_slices).
 constexpr int kEncDecSlices = 8;
@@ -388,6 +420,13 @@ void evict_launch(const EncodeParams& p, void* stream);
 /// Dequantizes rows [t0, t0 + n) of the codes of every (batch, kv head) into rows of `dst`
 /// (same positions) — used by restore and fetch paths. Keys are inverse-transformed.
 void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream);
+/// Prefill over dequantized rows (PrefillRowsMode): every held position p < seq_len[b] of each
+/// (batch, kv head) as an exact row into k_win/v_win (slot p, capacity win_cap, storage dtype
+/// win_bf16): positions inside the exact window (p >= seq_len[b] - min(residual_length,
+/// res_count[b])) copied from the ring k_ring/v_ring (slot p % ring_cap), older ones dequantized
+/// from the codes with k_cb/v_cb (keys inverse-transformed: Hadamard, then λ). n_max bounds
+/// seq_len (the host's mirror). Keys and values in one launch per sub_dim.
+void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream);
 
 /// Converts/copies new rows [batch, kvh, n_new, head_dim] (any float dtype and strides) into
 /// dst [batch, kvh, cap, head_dim] (F16 or BF16) at positions seq_len[b] + i (the fp16 cache).

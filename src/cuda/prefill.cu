@@ -4,6 +4,8 @@
 // and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows.
 // Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -63,8 +65,100 @@ const PrefillEntry* find(const AttnConfigKey& k, int rows) {
 std::atomic<int> g_prefill_mode{kPrefillAuto};
 std::atomic<int> g_block_rows{0};
 std::atomic<long long> g_prefill_launches{0};
+std::atomic<int> g_rows_mode{kRowsAuto};
+std::atomic<long long> g_rows_launches{0};
+
+/// The rows path's workspaces come from one stream-ordered memory pool per device, which keeps up
+/// to the limit reserved between calls (its release threshold): a model's layers, and the next
+/// chunk, reuse the same memory without mapping it again.
+struct RowsPools {
+  std::mutex m;
+  std::map<int, cudaMemPool_t> pools;
+  int64_t limit = kRowsWorkspaceDefault;
+};
+RowsPools& rows_pools() {
+  static RowsPools* p = new RowsPools;  // never destroyed: pools outlive every cache
+  return *p;
+}
 
 }  // namespace
+
+int set_prefill_rows_mode(int mode) {
+  VQ_CHECK_VALUE(mode == kRowsOff || mode == kRowsAuto || mode == kRowsAlways,
+                 "prefill over dequantized rows: mode 0 (off), 1 (auto) or 2 (always), got " << mode);
+  return g_rows_mode.exchange(mode);
+}
+int prefill_rows_mode() { return g_rows_mode.load(); }
+long long prefill_rows_launches() { return g_rows_launches.load(); }
+void count_prefill_rows_launch() { g_rows_launches.fetch_add(1); }
+
+int64_t set_rows_workspace_limit(int64_t bytes) {
+  VQ_CHECK_VALUE(bytes >= 0, "prefill workspace limit: " << bytes << " bytes (must be >= 0)");
+  RowsPools& rp = rows_pools();
+  std::lock_guard<std::mutex> lk(rp.m);
+  const int64_t prev = rp.limit;
+  rp.limit = bytes;
+  for (auto& [dev, pool] : rp.pools) {
+    uint64_t thr = uint64_t(bytes);
+    VQ_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &thr));
+    if (bytes == 0) VQ_CUDA_CHECK(cudaMemPoolTrimTo(pool, 0));
+  }
+  return prev;
+}
+int64_t rows_workspace_limit() {
+  RowsPools& rp = rows_pools();
+  std::lock_guard<std::mutex> lk(rp.m);
+  return rp.limit;
+}
+int64_t rows_workspace_reserved(int device) {
+  RowsPools& rp = rows_pools();
+  std::lock_guard<std::mutex> lk(rp.m);
+  auto it = rp.pools.find(device);
+  if (it == rp.pools.end()) return 0;
+  uint64_t v = 0;
+  VQ_CUDA_CHECK(cudaMemPoolGetAttribute(it->second, cudaMemPoolAttrReservedMemCurrent, &v));
+  return int64_t(v);
+}
+
+void* rows_workspace_alloc(int device, size_t bytes, void* stream) {
+  RowsPools& rp = rows_pools();
+  cudaMemPool_t pool = nullptr;
+  {
+    std::lock_guard<std::mutex> lk(rp.m);
+    if (bytes > size_t(rp.limit)) return nullptr;
+    auto it = rp.pools.find(device);
+    if (it == rp.pools.end()) {
+      int supported = 0;
+      VQ_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+      if (!supported) {
+        rp.pools[device] = nullptr;
+      } else {
+        cudaMemPoolProps props{};
+        props.allocType = cudaMemAllocationTypePinned;
+        props.location.type = cudaMemLocationTypeDevice;
+        props.location.id = device;
+        VQ_CUDA_CHECK(cudaMemPoolCreate(&pool, &props));
+        uint64_t thr = uint64_t(rp.limit);
+        VQ_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &thr));
+        rp.pools[device] = pool;
+      }
+    } else {
+      pool = it->second;
+    }
+  }
+  if (pool == nullptr) return nullptr;
+  void* p = nullptr;
+  const cudaError_t e = cudaMallocFromPoolAsync(&p, bytes, pool, as_stream(stream));
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();  // out of memory: the caller keeps the kernel over codes
+    return nullptr;
+  }
+  VQ_CUDA_CHECK(e);
+  return p;
+}
+void rows_workspace_free(void* p, void* stream) {
+  if (p != nullptr) VQ_CUDA_CHECK(cudaFreeAsync(p, as_stream(stream)));
+}
 
 int set_prefill_mode(int mode) { return g_prefill_mode.exchange(mode); }
 int prefill_mode() { return g_prefill_mode.load(); }

@@ -3,6 +3,8 @@
 // cuda_attention_configs in veloxquant/cuda_cache.h). No device is needed to answer.
 #include "cuda/support.h"
 
+#include "cuda/kernels.h"
+
 #include <cuda_runtime.h>
 
 #include <sstream>
@@ -101,5 +103,8 @@ CudaSupport cuda_support(const KVCacheConfig& config) {
 }
 
 std::vector<std::string> cuda_attention_configs() { return cuda::attn_compiled_names(); }
+
+int64_t set_cuda_prefill_workspace_limit(int64_t bytes) { return cuda::set_rows_workspace_limit(bytes); }
+int64_t cuda_prefill_workspace_limit() { return cuda::rows_workspace_limit(); }
 
 }  // namespace veloxquant

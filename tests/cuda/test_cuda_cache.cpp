@@ -558,6 +558,9 @@ TEST(CudaAttention, AutoPrefillRouting) {
       {{d4b8, 128, 1, 1, 4, 700, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},  // 2 blocks
   };
   ASSERT_EQ(cuda::prefill_mode(), int(cuda::kPrefillAuto));
+  ASSERT_EQ(cuda::prefill_rows_mode(), int(cuda::kRowsAuto));
+  // over the codes (prefill over dequantized rows off)
+  const int prev_rows = cuda::set_prefill_rows_mode(cuda::kRowsOff);
   for (const Route& r : routes) {
     if (!compiled(r.a.spec, r.a.D)) continue;
     SCOPED_TRACE(describe(r.a));
@@ -567,6 +570,110 @@ TEST(CudaAttention, AutoPrefillRouting) {
     const bool ran = cuda::prefill_launches() > before;
     EXPECT_EQ(ran, r.prefill && cuda::prefill_compiled({r.a.D, r.a.spec.ks, r.a.spec.kb, r.a.spec.vs, r.a.spec.vb, 1}));
   }
+  cuda::set_prefill_rows_mode(prev_rows);
+  // by default: memory-bound caches over dequantized rows wherever the grid fills the device
+  // (the defaults at a long history too); Standard caches (exact rows already) and chunks too
+  // small to fill the device never
+  const bool rows_kernel = cuda::prefill_compiled({128, 4, 8, 4, 8, 1});
+  for (const Route& r : routes) {
+    const AttnCase& a = r.a;
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a) + " (default: rows)");
+    const long long before = cuda::prefill_rows_launches(), before_k = cuda::prefill_launches();
+    const double e = run_attn_case(a, rng, CodebookFormat::I8);
+    EXPECT_LE(e, kAttnNmse);
+    const bool fills = (int64_t(a.G) * a.q_len + cuda::kPrefillRows - 1) / cuda::kPrefillRows * a.H * a.B >= sms;
+    const bool want = rows_kernel && a.mode == CacheMode::MemoryBound && fills;
+    EXPECT_EQ(cuda::prefill_rows_launches() - before, want ? 1 : 0);
+    if (want) EXPECT_EQ(cuda::prefill_launches() - before_k, 1);  // one prefill launch, over the rows
+  }
+}
+
+// Prefill over dequantized rows (run 169): a memory-bound cache's eager call of more than 16
+// queries may write its tokens once as exact rows (window tokens as held, older ones dequantized
+// with the centroids the decode kernel reads) into a workspace from the device's pool and attend
+// over them with the prefill kernel. Forced (kRowsAlways) in every codebook format: against the
+// oracle on the kernel's operands, against the same call over the codes, the cache's state byte
+// for byte unchanged; then with a workspace limit below what the call needs it must not run (and
+// still answer right); with the default limit the pool keeps the workspace after the call, and
+// a limit of 0 turns the path off and empties the pool.
+TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
+  VQ_SKIP_WITHOUT_GPU();
+  if (!cuda::prefill_compiled({128, 4, 8, 4, 8, 1})) GTEST_SKIP() << "no prefill kernel over exact rows in this build";
+  const uint64_t seed = 0x50A5;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const std::vector<AttnCase> cases = {
+      {d4b8, 128, 2, 2, 4, 900, 150, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1},      // batch 2
+      {dflt, 128, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::MemoryBound, 1},  // bf16 rows, sliding
+      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::MemoryBound, 1},       // no window, non-causal
+      {dflt, 64, 2, 1, 2, 70, 33, 16, true, 0, DType::F16, CacheMode::MemoryBound, 1},         // window < chunk
+      {d4b8, 128, 1, 1, 8, 0, 260, 16, true, 0, DType::BF16, CacheMode::MemoryBound, 3},       // no history, sharp
+      {d4b8, 128, 1, 3, 4, 37, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1},       // all in the window
+  };
+  const std::vector<CodebookFormat> fmts = {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8,
+                                            CodebookFormat::I8KV};
+  double worst = 0, worst_between = 0;
+  int run = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    for (CodebookFormat fmt : fmts) {
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      OracleCase oc = oracle_case(a, rng, fmt);
+      const CacheState before_state = oc.cc.gpu->state();
+      const int prev = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
+      const long long before = cuda::prefill_rows_launches();
+      const std::vector<float> rows = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      EXPECT_EQ(cuda::prefill_rows_launches() - before, 1);
+      cuda::set_prefill_rows_mode(cuda::kRowsOff);
+      const std::vector<float> codes = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      EXPECT_EQ(cuda::prefill_rows_launches() - before, 1);
+      cuda::set_prefill_rows_mode(prev);
+      const double e = nmse(rows, oc.ref), e_codes = nmse(codes, oc.ref), between = nmse(rows, codes);
+      EXPECT_LE(e, kAttnNmse);
+      EXPECT_LE(e_codes, kAttnNmse);
+      EXPECT_LE(between, kAttnNmse);
+      expect_same_state(before_state, oc.cc.gpu->state(), "after prefill over rows");
+      worst = std::max(worst, e), worst_between = std::max(worst_between, between);
+      ++run;
+    }
+  }
+  EXPECT_GE(run, 16);
+  // a limit below the workspace (2 sides x B x Hkv x tokens x D x 2 bytes): the call attends over the codes
+  const AttnCase& a = cases[0];
+  OracleCase oc = oracle_case(a, rng, CodebookFormat::I8);
+  const int64_t need = int64_t(2) * a.B * a.H * (a.prefix + a.q_len) * a.D * 2;
+  const int64_t prev_limit = set_cuda_prefill_workspace_limit(need - 1);
+  const int prev = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
+  long long before = cuda::prefill_rows_launches();
+  EXPECT_LE(nmse(floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp)), oc.ref), kAttnNmse);
+  EXPECT_EQ(cuda::prefill_rows_launches(), before);
+  set_cuda_prefill_workspace_limit(need);
+  EXPECT_LE(nmse(floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp)), oc.ref), kAttnNmse);
+  EXPECT_EQ(cuda::prefill_rows_launches(), before + 1);
+  // the pool keeps what it mapped while that is within the limit (its own granularity may pass a
+  // limit this small, and it then gives the memory back at the synchronisation): with the default
+  // limit it holds the workspace after the call
+  set_cuda_prefill_workspace_limit(cuda::kRowsWorkspaceDefault);
+  EXPECT_LE(nmse(floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp)), oc.ref), kAttnNmse);
+  EXPECT_EQ(cuda::prefill_rows_launches(), before + 2);
+  as_cuda(oc.cc.gpu.get())->synchronize();
+  const int64_t held = cuda::rows_workspace_reserved(0);
+  EXPECT_GE(held, need);
+  EXPECT_LE(held, cuda::kRowsWorkspaceDefault);
+  set_cuda_prefill_workspace_limit(0);  // off, and the pool's memory released (its work is done)
+  before = cuda::prefill_rows_launches();
+  EXPECT_LE(nmse(floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp)), oc.ref), kAttnNmse);
+  EXPECT_EQ(cuda::prefill_rows_launches(), before);
+  EXPECT_EQ(cuda::rows_workspace_reserved(0), 0);
+  EXPECT_EQ(cuda_prefill_workspace_limit(), 0);
+  set_cuda_prefill_workspace_limit(prev_limit);
+  cuda::set_prefill_rows_mode(prev);
+  EXPECT_THROW(set_cuda_prefill_workspace_limit(-1), ValueError);
+  std::printf("[cuda prefill over rows] %d cases, worst NMSE %.3g vs the oracle, %.3g vs the kernel over the codes "
+              "(bound %.1g); the pool held %lld bytes for a %lld-byte workspace\n",
+              run, worst, worst_between, kAttnNmse, (long long)held, (long long)need);
 }
 
 // Split launches merge their partials either as one thread-block cluster per segment
@@ -1347,16 +1454,21 @@ TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
     }
   }
   for (int b = 0; b < B; ++b) EXPECT_EQ(gpu->seq_lens()[size_t(b)], lens[size_t(b)] + steps);
-  // 24 queries over every sequence's own length: the prefill kernel (forced) and the decode
-  // kernel's row chunks, each against every sequence's oracle
+  // 24 queries over every sequence's own length: the prefill kernel over the codes (forced), the
+  // decode kernel's row chunks, and the prefill kernel over dequantized rows (forced: each
+  // sequence's rows up to its own length, its own window copied), each against every sequence's oracle
   {
     Tensor q = random_tensor({B, H * G, 24, D}, DType::F32, rng);
-    for (int mode : {int(cuda::kPrefillAlways), int(cuda::kPrefillOff)}) {
-      const int prev = cuda::set_prefill_mode(mode);
-      const long long pre = cuda::prefill_launches();
+    constexpr int kRows = 3;
+    for (int mode : {int(cuda::kPrefillAlways), int(cuda::kPrefillOff), kRows}) {
+      const int prev = cuda::set_prefill_mode(mode == kRows ? int(cuda::kPrefillAuto) : mode);
+      const int prev_rows = cuda::set_prefill_rows_mode(mode == kRows ? cuda::kRowsAlways : cuda::kRowsOff);
+      const long long pre = cuda::prefill_launches(), pre_rows = cuda::prefill_rows_launches();
       const std::vector<float> got = floats(gpu->fused_sdpa(to_device(q).view(), p));
+      cuda::set_prefill_rows_mode(prev_rows);
       cuda::set_prefill_mode(prev);
-      EXPECT_EQ(cuda::prefill_launches() > pre, mode == cuda::kPrefillAlways);
+      EXPECT_EQ(cuda::prefill_launches() > pre, mode != cuda::kPrefillOff);
+      EXPECT_EQ(cuda::prefill_rows_launches() - pre_rows, mode == kRows ? 1 : 0);
       for (int b = 0; b < B; ++b) {
         Tensor qb = Tensor::empty({1, H * G, 24, D}, DType::F32);
         std::memcpy(qb.data(), q.ptr<float>() + int64_t(b) * H * G * 24 * D, size_t(H * G * 24 * D * 4));
