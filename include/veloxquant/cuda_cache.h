@@ -57,6 +57,10 @@ struct CudaSupport {
   /// without it (update_and_fetch works; fused_sdpa would raise `reason`).
   bool attention = false;
   bool prefill_kernel = false;  ///< q_len > 16 has the prefill kernel (else the decode kernel in row chunks)
+  /// q_len > 16 chunks whose blocks fill the GPU attend over the held tokens expanded once into
+  /// exact rows (memory-bound VecInfer caches, while set_cuda_prefill_workspace_limit is above 0
+  /// and the workspace fits it; see there)
+  bool prefill_over_rows = false;
   std::string kernel;           ///< the decode attention configuration, e.g. "d4b12/d8b8@128+i8"
   std::string reason;           ///< why `cache` or `attention` is false (the error the call raises)
 };

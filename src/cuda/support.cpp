@@ -99,6 +99,8 @@ CudaSupport cuda_support(const KVCacheConfig& config) {
   if (!s.reason.empty()) return s;
   s.attention = true;
   s.prefill_kernel = cuda::prefill_compiled(k1);
+  s.prefill_over_rows = config.kind == CacheKind::VecInfer && mode == CacheMode::MemoryBound &&
+                        cuda::prefill_compiled({config.head_dim, 4, 8, 4, 8, 1}) && cuda::rows_workspace_limit() > 0;
   return s;
 }
 

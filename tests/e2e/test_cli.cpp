@@ -103,6 +103,7 @@ TEST(Cli, InfoReportsWhatRunsOnCuda) {
   if (built) {
     EXPECT_EQ(j["cuda_support"]["kernel"], "d4b8/d4b8@128+i8");
     EXPECT_TRUE(j["cuda_support"]["prefill_kernel"].get<bool>());
+    EXPECT_TRUE(j["cuda_support"]["prefill_over_rows"].get<bool>());  // memory-bound
     const auto& list = j["cuda"]["attention_configs"];
     EXPECT_NE(std::find(list.begin(), list.end(), "d4b12/d8b8@128+i8"), list.end()) << list.dump();
   } else {

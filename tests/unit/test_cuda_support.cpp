@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "veloxquant/cuda_cache.h"
+#include "veloxquant/error.h"
 
 namespace {
 
@@ -130,6 +131,20 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
   EXPECT_TRUE(sd.cache && sd.attention) << sd.reason;
   EXPECT_EQ(sd.kernel, "d4b12/d8b8@128+i8");
   EXPECT_TRUE(sd.prefill_kernel);
+  // its prompt chunks go over the tokens expanded into rows while the workspace limit allows it;
+  // the fp16 cache's rows are exact already, and stash caches keep the kernel over the codes
+  EXPECT_TRUE(sd.prefill_over_rows);
+  EXPECT_FALSE(f128.prefill_over_rows);
+  KVCacheConfig st = d;
+  st.fused_sdpa_memory_bound = false;
+  ASSERT_EQ(st.mode(), CacheMode::Stash);
+  EXPECT_FALSE(cuda_support(st).prefill_over_rows);
+  const int64_t prev = set_cuda_prefill_workspace_limit(0);
+  EXPECT_EQ(cuda_prefill_workspace_limit(), 0);
+  EXPECT_FALSE(cuda_support(d).prefill_over_rows);
+  set_cuda_prefill_workspace_limit(prev);
+  EXPECT_TRUE(cuda_support(d).prefill_over_rows);
+  EXPECT_THROW(set_cuda_prefill_workspace_limit(-1), ValueError);
   // a config KVCacheConfig::validate rejects is reported, not thrown
   KVCacheConfig bad = d;
   bad.head_dim = 130;  // not a multiple of the key sub_dim 4
@@ -145,7 +160,10 @@ TEST(CudaSupport, ABuildWithoutCudaSaysSo) {
   EXPECT_FALSE(cuda_is_available());
   EXPECT_TRUE(cuda_attention_configs().empty());
   const CudaSupport s = cuda_support(KVCacheConfig{});
-  EXPECT_FALSE(s.built || s.cache || s.attention || s.prefill_kernel);
+  EXPECT_FALSE(s.built || s.cache || s.attention || s.prefill_kernel || s.prefill_over_rows);
+  EXPECT_EQ(cuda_prefill_workspace_limit(), 0);
+  EXPECT_EQ(set_cuda_prefill_workspace_limit(1 << 20), 0);  // no effect without CUDA
+  EXPECT_THROW(set_cuda_prefill_workspace_limit(-1), ValueError);
   EXPECT_EQ(s.devices, 0);
   EXPECT_TRUE(has(s.reason, "built without CUDA")) << s.reason;
 }

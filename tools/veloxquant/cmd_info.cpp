@@ -69,6 +69,7 @@ class InfoCommand final : public Command {
         j["config"]["attention_codebooks"] = codebooks_;
       }
       j["cuda_support"] = {{"cache", s.cache},           {"attention", s.attention}, {"prefill_kernel", s.prefill_kernel},
+                           {"prefill_over_rows", s.prefill_over_rows},
                            {"kernel", s.kernel},         {"reason", s.reason}};
       write_json(j, "-");
       return 0;
@@ -81,8 +82,11 @@ class InfoCommand final : public Command {
     }
     std::printf("\n%s on CUDA:\n", what.c_str());
     if (s.cache && s.attention)
-      std::printf("  runs: attention kernel %s; prompts (q_len > 16) %s\n", s.kernel.c_str(),
-                  s.prefill_kernel ? "on the prefill kernel" : "on the decode kernel in row chunks");
+      std::printf("  runs: attention kernel %s; prompts (q_len > 16) %s%s\n", s.kernel.c_str(),
+                  s.prefill_kernel ? "on the prefill kernel" : "on the decode kernel in row chunks",
+                  s.prefill_over_rows ? " (chunks that fill the GPU: over their tokens expanded into exact rows, "
+                                        "within the prefill workspace limit)"
+                                      : "");
     else if (s.cache)
       std::printf("  the cache builds, but fused_sdpa would raise: %s\n", s.reason.c_str());
     else
