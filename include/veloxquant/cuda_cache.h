@@ -84,7 +84,8 @@ std::vector<std::string> cuda_attention_configs();
 /// stream-ordered memory pool per device that keeps up to `bytes` reserved between calls (so a
 /// model's layers and the next chunk reuse it); a call that would need more attends over the
 /// codes. Default 1 GiB; 0 turns the path off and releases the pool's memory. Returns the
-/// previous limit. Decode steps, graph captures and the other caches never use it.
+/// previous limit (negative limits throw ValueError). Decode steps, graph captures and the
+/// other caches never use it. A build without CUDA ignores the limit and reads 0.
 int64_t set_cuda_prefill_workspace_limit(int64_t bytes);
 int64_t cuda_prefill_workspace_limit();
 
