@@ -516,7 +516,7 @@ class CudaCacheBase : public CudaKVCache {
       fill_attn(probe);
       prefill = pmode == cuda::kPrefillAlways ||
                 ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1), offset(), Q)) &&
-                 (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows * n_kv_heads_ * batch_ >= n_sms_);
+                 prefill_row_blocks(G, Q) * n_kv_heads_ * batch_ >= n_sms_);
     }
     const int per_launch = use_plan ? 16 : prefill ? Q : launch_queries(H);
     for (int c0 = 0; c0 < Q; c0 += per_launch) {
@@ -550,6 +550,13 @@ class CudaCacheBase : public CudaKVCache {
         cuda::attn_set_length_hint(p, lens_[0], std::min<int64_t>(p.residual_length, rch_.empty() ? 0 : rch_[0]));
       cuda::attn_launch(pl.key, p, stream_, priority, pdl);
     }
+  }
+
+  /// Row blocks of kPrefillRows rows per (sequence, kv head) that a chunk of Q queries (GQA group
+  /// G) makes: the prefill routing rule's unit (the grid fills the GPU once this times
+  /// n_kv_heads · batch reaches the multiprocessor count).
+  static int64_t prefill_row_blocks(int G, int Q) {
+    return (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows;
   }
 
   /// The launch parameters every attention launch shares: shapes, queries c0 .. c0 + nq of q
@@ -588,9 +595,9 @@ class CudaCacheBase : public CudaKVCache {
     const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
     const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
     if (!cuda::prefill_compiled(rows_key)) return false;
-    const bool fills = (int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows * n_kv_heads_ * batch_ >= n_sms_;
-    if (rmode == cuda::kRowsAuto && !fills) return false;
-    if ((int64_t(G) * Q + cuda::kPrefillRows - 1) / cuda::kPrefillRows > 65535) return false;  // gridDim.y: the row chunks
+    const int64_t row_blocks = prefill_row_blocks(G, Q);
+    if (rmode == cuda::kRowsAuto && row_blocks * n_kv_heads_ * batch_ < n_sms_) return false;  // the grid fills the GPU
+    if (row_blocks > 65535) return false;  // gridDim.y: the row chunks
     const int64_t cap = offset();  // >= every device length: the device's only trail the host's (failed deferred updates)
     const size_t side = size_t(batch_ * n_kv_heads_ * cap * D) * dtype_size(config_.storage_dtype);
     if (cap == 0 || 2 * side > size_t(cuda::rows_workspace_limit())) return false;
