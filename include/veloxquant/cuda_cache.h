@@ -59,7 +59,9 @@ struct CudaSupport {
   bool prefill_kernel = false;  ///< q_len > 16 has the prefill kernel (else the decode kernel in row chunks)
   /// q_len > 16 chunks whose blocks fill the GPU attend over the held tokens expanded once into
   /// exact rows (memory-bound VecInfer caches, while set_cuda_prefill_workspace_limit is above 0
-  /// and the workspace fits it; see there)
+  /// and the workspace fits it; see there). Stash caches also attend over rows, the ones they
+  /// hold (no workspace), where those agree with the decode kernel's centroids (fp16 codebooks,
+  /// int8 ones on their grid); this flag does not cover them (that depends on the codebooks)
   bool prefill_over_rows = false;
   std::string kernel;           ///< the decode attention configuration, e.g. "d4b12/d8b8@128+i8"
   std::string reason;           ///< why `cache` or `attention` is false (the error the call raises)
@@ -85,7 +87,9 @@ std::vector<std::string> cuda_attention_configs();
 /// model's layers and the next chunk reuse it); a call that would need more attends over the
 /// codes. Default 1 GiB; 0 turns the path off and releases the pool's memory. Returns the
 /// previous limit (negative limits throw ValueError). Decode steps, graph captures and the
-/// other caches never use it. A build without CUDA ignores the limit and reads 0.
+/// other caches never use it (a Stash cache's chunk attends over the dequantized rows it holds,
+/// without a workspace, where they agree with the decode kernel's centroids: fp16 codebooks, or
+/// int8 ones on their grid). A build without CUDA ignores the limit and reads 0.
 int64_t set_cuda_prefill_workspace_limit(int64_t bytes);
 int64_t cuda_prefill_workspace_limit();
 

@@ -148,6 +148,17 @@ std::vector<uint16_t> to_half_bits(const std::vector<float>& x) {
   return h;
 }
 
+/// Whether every element of a is within fp16 rounding (2^-11 of the largest magnitude) of b's.
+bool within_fp16(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size()) return false;
+  float big = 0.0f;
+  for (float x : b) big = std::max(big, std::fabs(x));
+  const float tol = big * (1.0f / 2048.0f);
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(std::fabs(a[i] - b[i]) <= tol)) return false;
+  return true;
+}
+
 Tensor upload_f32(const std::vector<float>& x, const Shape& shape, Device dev) {
   Tensor t = Tensor::empty(shape, DType::F32, dev);
   if (!x.empty()) detail::cuda_memcpy_h2d(t.data(), x.data(), x.size() * sizeof(float), dev);
@@ -584,38 +595,45 @@ class CudaCacheBase : public CudaKVCache {
   /// Prefill over dequantized rows (cuda::PrefillRowsMode) of an eager call of more than 16
   /// queries: the held tokens written once as exact rows into a workspace from the device's pool
   /// (materialize_rows), the prefill kernel over them as over an fp16 cache's rows, the
-  /// workspace freed behind it on the stream. False (nothing queued) where it does not apply:
-  /// a cache without codes to expand, a step captured since the host's lengths were last read
-  /// (replays may have moved the device's past them: the workspace is sized by the host's
+  /// workspace freed behind it on the stream; a Stash cache attends over the rows it holds
+  /// (holds_every_row: no workspace, no expansion). False (nothing queued) where it does not
+  /// apply: a cache without codes to expand, a step captured since the host's lengths were last
+  /// read (replays may have moved the device's past them: the workspace is sized by the host's
   /// mirror), auto mode with a grid that does not fill the device, a workspace beyond the limit
   /// or that cannot be allocated.
   bool prefill_over_rows(const TensorView& q, const TensorView& out, const SdpaParams& sp, float scale) {
     const int rmode = cuda::prefill_rows_mode();
-    if (rmode == cuda::kRowsOff || !can_materialize() || steps_captured_ || capturing()) return false;
+    const bool held = holds_every_row();
+    if (rmode == cuda::kRowsOff || capturing() || !(held || (can_materialize() && !steps_captured_))) return false;
     const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
     const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
     if (!cuda::prefill_compiled(rows_key)) return false;
     const int64_t row_blocks = prefill_row_blocks(G, Q);
     if (rmode == cuda::kRowsAuto && row_blocks * n_kv_heads_ * batch_ < n_sms_) return false;  // the grid fills the GPU
     if (row_blocks > 65535) return false;  // gridDim.y: the row chunks
-    const int64_t cap = offset();  // >= every device length: the device's only trail the host's (failed deferred updates)
-    const size_t side = size_t(batch_ * n_kv_heads_ * cap * D) * dtype_size(config_.storage_dtype);
-    if (cap == 0 || 2 * side > size_t(cuda::rows_workspace_limit())) return false;
     cuda::AttnParams p = attn_params(q, out, sp, scale, 0, Q);
     p.done_counter = done_.ptr<int>();
     fill_attn(p);
+    p.k_codes = p.v_codes = nullptr;
+    p.win_ring = 0;
+    p.win_all = 1;
+    if (held) {  // the rows are there (fill_attn: k_win / v_win, every token at its slot, device lengths)
+      cuda::prefill_launch(rows_key, p, stream_);
+      cuda::count_prefill_rows_launch();
+      return true;
+    }
+    const int64_t cap = offset();  // >= every device length: the device's only trail the host's (failed deferred updates)
+    const size_t side = size_t(batch_ * n_kv_heads_ * cap * D) * dtype_size(config_.storage_dtype);
+    if (cap == 0 || 2 * side > size_t(cuda::rows_workspace_limit())) return false;
     void* ws = cuda::rows_workspace_alloc(device_.index, 2 * side, stream_);
     if (ws == nullptr) return false;
     try {
       void* wk = ws;
       void* wv = static_cast<char*>(ws) + side;
       materialize_rows(wk, wv, cap);
-      p.k_codes = p.v_codes = nullptr;
       p.k_win = wk;
       p.v_win = wv;
       p.win_cap = cap;
-      p.win_ring = 0;
-      p.win_all = 1;
       cuda::prefill_launch(rows_key, p, stream_);
     } catch (...) {
       cuda::rows_workspace_free(ws, stream_);
@@ -627,6 +645,10 @@ class CudaCacheBase : public CudaKVCache {
   }
   /// Whether materialize_rows has codes to expand (MemoryBound caches holding tokens).
   virtual bool can_materialize() const { return false; }
+  /// Whether fill_attn's rows (k_win / v_win, slot = position) already hold every token as the
+  /// kernel over the codes would see it, next to those codes: then prefill over rows needs no
+  /// workspace (Stash caches whose dequantized rows agree with the decode kernel's centroids).
+  virtual bool holds_every_row() const { return false; }
   /// Writes every held token of every sequence as an exact row (the storage dtype) into k and v,
   /// [batch, n_kv_heads, cap, head_dim]: window tokens as held, older ones dequantized (keys
   /// inverse-transformed), with the centroids the decode kernel reads.
@@ -1525,6 +1547,18 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // dequantized rows expands the codes with these, so its rows agree with every other path
     // of the cache (materialize_rows). Elsewhere it reads the f32 codebooks.
     k_cb_op_ = v_cb_op_ = Tensor{};
+    // A Stash cache's rows are dequantized with the f32 codebooks: prefill may attend over them
+    // (holds_every_row) only where those are the decode kernel's centroids up to fp16 rounding
+    // (fp16 codebooks; int8 ones whose codebooks lie on their int8 grid, int8_key_grid), so
+    // that a chunk's prefill and its decode agree; E4M3 codebooks never do.
+    held_rows_match_ = false;
+    if (mode_ == CacheMode::Stash) {
+      const CodebookFormat f = c.attention_codebooks;
+      held_rows_match_ = f == CodebookFormat::F16 ||
+                         ((f == CodebookFormat::I8 || f == CodebookFormat::I8KV) &&
+                          within_fp16(make_i8_codebook(kp.codebook).decoded, kp.codebook) &&
+                          (f == CodebookFormat::I8 || within_fp16(make_i8_codebook(vp.codebook).decoded, vp.codebook)));
+    }
     if (mode_ == CacheMode::MemoryBound) {
       const CodebookFormat f = c.attention_codebooks;
       if (f == CodebookFormat::E4M3) {
@@ -1624,6 +1658,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   }
 
   bool can_materialize() const override { return mode_ == CacheMode::MemoryBound && offset() > 0; }
+  bool holds_every_row() const override {
+    return mode_ == CacheMode::Stash && held_rows_match_ && held_k_.defined() && offset() > 0;
+  }
   void materialize_rows(void* k, void* v, int64_t cap) const override {
     cuda::EncodeParams e = enc_params(DevTensor4{}, DevTensor4{}, 0);
     if (k_cb_op_.defined()) e.k_cb = k_cb_op_.ptr<float>();
@@ -1872,6 +1909,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(v_cmax_, o.v_cmax_);
     std::swap(k_cb_qmul_, o.k_cb_qmul_);
     std::swap(cb_fmt_, o.cb_fmt_);
+    std::swap(held_rows_match_, o.held_rows_match_);
     std::swap(v_cb_omul_, o.v_cb_omul_);
     std::swap(dec_best_, o.dec_best_);
     std::swap(dec_code_, o.dec_code_);
@@ -1898,6 +1936,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
   float k_cmax_ = 0, v_cmax_ = 0;
   float k_cb_qmul_ = 1, v_cb_omul_ = 1;  // E4M3: 1/scale of the key and value codebooks; int8 keys: the key scale
   Tensor k_cb_, v_cb_, k_nrm_, v_nrm_, k_cb16_, v_cb16_, k_cb8_, v_cb8_, lambda_, inv_lambda_;
+  bool held_rows_match_ = false;  // Stash: the held rows agree with the decode kernel's centroids
   Tensor k_cb_op_, v_cb_op_;  // the decode kernel's centroids as f32, where they differ (materialize_rows)
   /// candidate grids of the codebooks (counted in nbytes, not in codebook_bytes; null pointers: none)
   cuda::DeviceEncodeGrid k_grid_, v_grid_;

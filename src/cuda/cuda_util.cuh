@@ -176,7 +176,11 @@ __device__ __forceinline__ float ex2(float x) {
 /// The unnormalised fast Walsh–Hadamard transform of a 32·E-element row whose elements
 /// [l·E, (l+1)·E) lane l holds in y: the in-lane stages first, then the lane stages by
 /// shuffles (no shared memory, no barrier). The query transforms of the attention kernels.
-template <int E>
+/// kFma: each lane stage as one FFMA, y = o + s·y with s = ±1 (the same sums and differences,
+/// rounded once as the select form rounds them: bit-identical), for kernels that run it on
+/// every row (vq_materialize_kernel) and are bound by issue; the attention kernels keep the
+/// select form, whose register allocation their streaming loops were tuned with.
+template <int E, bool kFma = false>
 __device__ __forceinline__ void warp_fwht_row(float (&y)[E], int lane) {
 #pragma unroll
   for (int h = 1; h < E; h <<= 1)
@@ -186,13 +190,22 @@ __device__ __forceinline__ void warp_fwht_row(float (&y)[E], int lane) {
         const float a = y[j], c = y[j + h];
         y[j] = a + c, y[j + h] = a - c;
       }
+  if constexpr (kFma) {
 #pragma unroll
-  for (int m = 1; m < 32; m <<= 1)
+    for (int m = 1; m < 32; m <<= 1) {
+      const float s = (lane & m) ? -1.0f : 1.0f;
 #pragma unroll
-    for (int j = 0; j < E; ++j) {
-      const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
-      y[j] = (lane & m) ? o - y[j] : y[j] + o;
+      for (int j = 0; j < E; ++j) y[j] = __fmaf_rn(s, y[j], __shfl_xor_sync(0xffffffffu, y[j], m));
     }
+  } else {
+#pragma unroll
+    for (int m = 1; m < 32; m <<= 1)
+#pragma unroll
+      for (int j = 0; j < E; ++j) {
+        const float o = __shfl_xor_sync(0xffffffffu, y[j], m);
+        y[j] = (lane & m) ? o - y[j] : y[j] + o;
+      }
+  }
 }
 
 // ---- cp.async (sm_80+): global → shared without registers ------------------------------------

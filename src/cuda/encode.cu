@@ -966,6 +966,26 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
   }
 }
 
+/// N consecutive floats from global memory (read-only), in 16-byte loads (one 8-byte load for N =
+/// 2): src must be aligned to 4·min(N, 4) bytes. A lane's centroid elements or λ then cost one
+/// load instruction per 16 bytes, not one per float (run 173).
+template <int N>
+__device__ __forceinline__ void ldg_floats(const float* src, float* dst) {
+  static_assert(N == 1 || N == 2 || N % 4 == 0, "1, 2 or a multiple of 4 floats");
+  if constexpr (N == 1) {
+    dst[0] = __ldg(src);
+  } else if constexpr (N == 2) {
+    const float2 f = __ldg(reinterpret_cast<const float2*>(src));
+    dst[0] = f.x, dst[1] = f.y;
+  } else {
+#pragma unroll
+    for (int k = 0; k < N / 4; ++k) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(src) + k);
+      dst[4 * k] = f.x, dst[4 * k + 1] = f.y, dst[4 * k + 2] = f.z, dst[4 * k + 3] = f.w;
+    }
+  }
+}
+
 /// materialize_launch: every held position of every (batch, kv head) as an exact row. One warp per
 /// row, lane l holding elements [l·E, l·E + E) (E = D / 32) in registers: window rows copied as
 /// stored, coded ones dequantized (the lane's codes, its centroid elements, for keys the FWHT
@@ -974,8 +994,14 @@ __global__ void __launch_bounds__(256) vq_dequant_kernel(const EncodeParams p, i
 /// words and the ring's row do not depend on each other (codes and ring slots exist for every
 /// position below the capacity), so a row costs two dependent round trips (those loads, then the
 /// centroids) instead of four (runs 169-170: 0.5-0.7 TB/s of rows written with the chain).
+/// Centroid elements and λ come in 16-byte loads (ldg_floats), λ only when a row is written
+/// (run 173), and the key rows' inverse transform outside any branch (run 175).
+// blocks of 256 a multiprocessor: as many as fit without spilling (ptxas, sm_90: 64-80
+// registers at head_dim <= 128, 105-110 at 256; four blocks spilled <128, 4>)
 template <int D, int SD>
-__global__ void __launch_bounds__(256) vq_materialize_kernel(const EncodeParams p, int64_t n) {
+constexpr int kMaterializeBlocks = D <= 128 ? 3 : 2;
+template <int D, int SD>
+__global__ void __launch_bounds__(256, kMaterializeBlocks<D, SD>) vq_materialize_kernel(const EncodeParams p, int64_t n) {
   constexpr int E = D / 32, U = 4;
   constexpr int NS = E >= SD ? E / SD : 1;  // sub-vectors a lane touches
   constexpr int EP = E >= SD ? SD : E;      // its elements of each
@@ -985,36 +1011,47 @@ __global__ void __launch_bounds__(256) vq_materialize_kernel(const EncodeParams 
   const Side sd = side_of(p, keys);
   if (sd.sub != SD) return;
   const int lane = threadIdx.x & 31;
+  constexpr int kWarps = 8;  // blockDim.x = 256
   const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
-  const int64_t warp = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
-  const int64_t n_warps = (int64_t(gridDim.x) * blockDim.x) >> 5;
   const uint32_t mask = (1u << sd.bits) - 1u;
   const uint16_t* ring = static_cast<const uint16_t*>(keys ? p.k_ring : p.v_ring);
-  for (int64_t base = warp * U; base < items; base += n_warps * U) {
-    int L[U], w[U], kvh[U];
-    int64_t bh[U], pos[U];
+  // The loop runs over the block's groups of kWarps·U rows (a trip count that depends on the
+  // block alone; rows past the end are clamped and their stores dropped): run 176, -2% against
+  // a per-warp grid-stride bound.
+  for (int64_t g0 = int64_t(blockIdx.x) * kWarps * U; g0 < items; g0 += int64_t(gridDim.x) * kWarps * U) {
+    const int64_t base = g0 + (threadIdx.x >> 5) * U;
+    int L[U], w[U], kvh[U], bh[U], pos[U];  // 32-bit: the host checks batch·n_kv_heads·n < 2^31
     Vec win[U];
     uint32_t lo[U][NS], hi[U][NS];
-    float lam[U][E];
+    // the U rows' (batch, head, position): one division per group, the next rows by increments
+    // unless the group crosses a (batch, head) (warp-uniform either way)
+    const Pos q0 = decompose(min(base, items - 1), p.n_kv_heads, int(n));
+    const bool one_head = q0.i + U <= n;
+    const int slot0 = p.ring_cap > 0 ? q0.i % p.ring_cap : 0;
 #pragma unroll
     for (int u = 0; u < U; ++u) {  // every load of the U rows
-      const int64_t it = min(base + u, items - 1);  // (a duplicate of the last row is dropped below)
-      const Pos q = decompose(it, p.n_kv_heads, int(n));
-      bh[u] = int64_t(q.b) * p.n_kv_heads + q.kvh;
+      Pos q = {q0.b, q0.kvh, q0.i + u};
+      int slot = slot0 + u;
+      if (!one_head) {
+        q = decompose(min(base + u, items - 1), p.n_kv_heads, int(n));  // (a duplicate of the last row is dropped below)
+        slot = p.ring_cap > 0 ? q.i % p.ring_cap : 0;
+      } else if (slot >= p.ring_cap) {  // (slot0 < ring_cap, u < U)
+        slot = p.ring_cap >= U ? slot - p.ring_cap : slot % p.ring_cap;
+      }
+      bh[u] = q.b * p.n_kv_heads + q.kvh;
       kvh[u] = q.kvh;
       pos[u] = base + u < items ? q.i : -1;
       L[u] = __ldg(p.seq_len + q.b);
       w[u] = p.res_count ? __ldg(p.res_count + q.b) : 0;
-      if (ring != nullptr) win[u] = __ldg(reinterpret_cast<const Vec*>(ring + (bh[u] * p.ring_cap + q.i % p.ring_cap) * D) + lane);
-      const uint32_t* row = reinterpret_cast<const uint32_t*>(sd.codes + (bh[u] * p.code_cap + q.i) * sd.row_stride);
+      if (ring != nullptr)  // (whether the row is a window row is known once its length lands)
+        win[u] = __ldg(reinterpret_cast<const Vec*>(ring + (int64_t(bh[u]) * p.ring_cap + slot) * D) + lane);
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(sd.codes + (int64_t(bh[u]) * p.code_cap + q.i) * sd.row_stride);
 #pragma unroll
       for (int s = 0; s < NS; ++s) {
         const int bit = ((lane * E) / SD + s) * sd.bits, o = bit & 31;
         lo[u][s] = __ldg(row + (bit >> 5));
         hi[u][s] = (o + sd.bits > 32) ? __ldg(row + (bit >> 5) + 1) : 0u;
       }
-#pragma unroll
-      for (int j = 0; j < E; ++j) lam[u][j] = (keys && p.lambda) ? __ldg(p.lambda + q.kvh * D + lane * E + j) : 1.0f;
     }
     float y[U][E];
 #pragma unroll
@@ -1023,30 +1060,35 @@ __global__ void __launch_bounds__(256) vq_materialize_kernel(const EncodeParams 
       for (int s = 0; s < NS; ++s) {
         const int o = (((lane * E) / SD + s) * sd.bits) & 31;
         const uint32_t code = __funnelshift_r(lo[u][s], hi[u][s], o) & mask;
-#pragma unroll
-        for (int j = 0; j < EP; ++j)
-          y[u][s * EP + j] = __ldg(sd.cb + size_t(code) * SD + (E >= SD ? j : (lane * E) % SD + j));
+        ldg_floats<EP>(sd.cb + size_t(code) * SD + (E >= SD ? 0 : (lane * E) % SD), &y[u][s * EP]);
       }
+    // Rows in turn, every row's inverse transform done whether or not it is written (window or
+    // dead rows), only the store predicated: no branch on loaded values around the shuffles.
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      if (pos[u] < 0 || pos[u] >= L[u]) continue;
-      const int wn = min(p.residual_length, w[u]);
-      uint16_t* dst = static_cast<uint16_t*>(sd.win) + (bh[u] * p.win_cap + pos[u]) * D;
-      if (pos[u] >= L[u] - wn) {  // an exact window row, as stored
-        reinterpret_cast<Vec*>(dst)[lane] = win[u];
-        continue;
-      }
       if (keys && p.use_hadamard) {
-        warp_fwht_row(y[u], lane);
+        warp_fwht_row<E, true>(y[u], lane);
 #pragma unroll
         for (int j = 0; j < E; ++j) y[u][j] = __fmul_rn(y[u][j], p.hadamard_scale);
       }
+      // λ last: a 4-byte-per-channel table that stays in L1, so holding it from the first round
+      // of loads would only cost registers (and with them occupancy)
+      float lam[E];
+      if (keys && p.lambda) {
+        ldg_floats<E>(p.lambda + kvh[u] * D + lane * E, lam);
+      } else {
+#pragma unroll
+        for (int j = 0; j < E; ++j) lam[j] = 1.0f;
+      }
       uint16_t h[E];
 #pragma unroll
-      for (int j = 0; j < E; ++j) h[j] = f_to_store16(__fmul_rn(y[u][j], lam[u][j]), p.win_bf16);
+      for (int j = 0; j < E; ++j) h[j] = f_to_store16(__fmul_rn(y[u][j], lam[j]), p.win_bf16);
       Vec out;
       memcpy(&out, h, sizeof(out));
-      reinterpret_cast<Vec*>(dst)[lane] = out;
+      const int wn = min(p.residual_length, w[u]);
+      if (pos[u] >= L[u] - wn) out = win[u];  // an exact window row, as stored
+      if (pos[u] >= 0 && pos[u] < L[u])
+        reinterpret_cast<Vec*>(static_cast<uint16_t*>(sd.win) + (int64_t(bh[u]) * p.win_cap + pos[u]) * D)[lane] = out;
     }
   }
 }

@@ -556,6 +556,7 @@ TEST(CudaAttention, AutoPrefillRouting) {
       {{dflt, 128, 1, 8, 4, cuda::kPrefillShortHistory * big_q, big_q, 128, true, 0, DType::F16,
         CacheMode::MemoryBound, 1}, false},
       {{d4b8, 128, 1, 1, 4, 700, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1}, false},  // 2 blocks
+      {{d4b8, 128, 1, 8, 4, 700, big_q, 128, true, 0, DType::F16, CacheMode::Stash, 1}, true},
   };
   ASSERT_EQ(cuda::prefill_mode(), int(cuda::kPrefillAuto));
   ASSERT_EQ(cuda::prefill_rows_mode(), int(cuda::kRowsAuto));
@@ -572,8 +573,10 @@ TEST(CudaAttention, AutoPrefillRouting) {
   }
   cuda::set_prefill_rows_mode(prev_rows);
   // by default: memory-bound caches over dequantized rows wherever the grid fills the device
-  // (the defaults at a long history too); Standard caches (exact rows already) and chunks too
-  // small to fill the device never
+  // (the defaults at a long history too), Stash caches over the rows they hold (int8 keys on
+  // their grid: they agree with the decode kernel's centroids); Standard caches (exact rows
+  // already, the prefill kernel over them is counted apart) and chunks too small to fill the
+  // device never
   const bool rows_kernel = cuda::prefill_compiled({128, 4, 8, 4, 8, 1});
   for (const Route& r : routes) {
     const AttnCase& a = r.a;
@@ -583,7 +586,7 @@ TEST(CudaAttention, AutoPrefillRouting) {
     const double e = run_attn_case(a, rng, CodebookFormat::I8);
     EXPECT_LE(e, kAttnNmse);
     const bool fills = (int64_t(a.G) * a.q_len + cuda::kPrefillRows - 1) / cuda::kPrefillRows * a.H * a.B >= sms;
-    const bool want = rows_kernel && a.mode == CacheMode::MemoryBound && fills;
+    const bool want = rows_kernel && (a.mode == CacheMode::MemoryBound || a.mode == CacheMode::Stash) && fills;
     EXPECT_EQ(cuda::prefill_rows_launches() - before, want ? 1 : 0);
     if (want) EXPECT_EQ(cuda::prefill_launches() - before_k, 1);  // one prefill launch, over the rows
   }
@@ -611,24 +614,43 @@ TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
       {dflt, 64, 2, 1, 2, 70, 33, 16, true, 0, DType::F16, CacheMode::MemoryBound, 1},         // window < chunk
       {d4b8, 128, 1, 1, 8, 0, 260, 16, true, 0, DType::BF16, CacheMode::MemoryBound, 3},       // no history, sharp
       {d4b8, 128, 1, 3, 4, 37, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1},       // all in the window
+      // Stash caches attend over the rows they hold (no workspace) where those agree with the
+      // decode kernel's centroids: fp16 codebooks, int8 ones on their grid (run 173)
+      {dflt, 128, 2, 2, 4, 333, 40, 64, true, 0, DType::BF16, CacheMode::Stash, 1},
+      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::Stash, 1},  // no window
   };
   const std::vector<CodebookFormat> fmts = {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8,
                                             CodebookFormat::I8KV};
+  // the rule, restated: every centroid within fp16 rounding of its int8 decoding
+  auto on_int8_grid = [](const std::vector<float>& cb) {
+    const std::vector<float> dec = make_i8_codebook(cb).decoded;
+    float big = 0, err = 0;
+    for (size_t i = 0; i < cb.size(); ++i) big = std::max(big, std::fabs(cb[i])), err = std::max(err, std::fabs(dec[i] - cb[i]));
+    return err <= big / 2048;
+  };
   double worst = 0, worst_between = 0;
-  int run = 0;
+  int run = 0, stash_rows = 0, stash_codes = 0;
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
     for (CodebookFormat fmt : fmts) {
       SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
       OracleCase oc = oracle_case(a, rng, fmt);
+      bool expect_rows = true;
+      if (a.mode == CacheMode::Stash) {
+        const VecInferAttentionInputs in = oc.cc.cpu->attention_inputs();
+        const bool i8 = fmt == CodebookFormat::I8 || fmt == CodebookFormat::I8KV;
+        expect_rows = fmt == CodebookFormat::F16 || (i8 && on_int8_grid(in.key_pq->codebook) &&
+                                                     (fmt == CodebookFormat::I8 || on_int8_grid(in.value_pq->codebook)));
+        ++(expect_rows ? stash_rows : stash_codes);
+      }
       const CacheState before_state = oc.cc.gpu->state();
       const int prev = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
       const long long before = cuda::prefill_rows_launches();
       const std::vector<float> rows = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
-      EXPECT_EQ(cuda::prefill_rows_launches() - before, 1);
+      EXPECT_EQ(cuda::prefill_rows_launches() - before, expect_rows ? 1 : 0);
       cuda::set_prefill_rows_mode(cuda::kRowsOff);
       const std::vector<float> codes = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
-      EXPECT_EQ(cuda::prefill_rows_launches() - before, 1);
+      EXPECT_EQ(cuda::prefill_rows_launches() - before, expect_rows ? 1 : 0);
       cuda::set_prefill_rows_mode(prev);
       const double e = nmse(rows, oc.ref), e_codes = nmse(codes, oc.ref), between = nmse(rows, codes);
       EXPECT_LE(e, kAttnNmse);
@@ -639,7 +661,10 @@ TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
       ++run;
     }
   }
-  EXPECT_GE(run, 16);
+  EXPECT_GE(run, 24);
+  // fp16 and int8-key Stash caches over their rows (the int8 key grid is the default), E4M3 ones over the codes
+  EXPECT_GE(stash_rows, 4);
+  EXPECT_GE(stash_codes, 2);
   // a limit below the workspace (2 sides x B x Hkv x tokens x D x 2 bytes): the call attends over the codes
   const AttnCase& a = cases[0];
   OracleCase oc = oracle_case(a, rng, CodebookFormat::I8);
@@ -671,9 +696,10 @@ TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
   set_cuda_prefill_workspace_limit(prev_limit);
   cuda::set_prefill_rows_mode(prev);
   EXPECT_THROW(set_cuda_prefill_workspace_limit(-1), ValueError);
-  std::printf("[cuda prefill over rows] %d cases, worst NMSE %.3g vs the oracle, %.3g vs the kernel over the codes "
-              "(bound %.1g); the pool held %lld bytes for a %lld-byte workspace\n",
-              run, worst, worst_between, kAttnNmse, (long long)held, (long long)need);
+  std::printf("[cuda prefill over rows] %d cases (Stash: %d over held rows, %d over codes), worst NMSE %.3g vs the "
+              "oracle, %.3g vs the kernel over the codes (bound %.1g); the pool held %lld bytes for a %lld-byte "
+              "workspace\n",
+              run, stash_rows, stash_codes, worst, worst_between, kAttnNmse, (long long)held, (long long)need);
 }
 
 // Split launches merge their partials either as one thread-block cluster per segment
