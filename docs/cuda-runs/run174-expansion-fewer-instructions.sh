@@ -9,9 +9,4 @@
 # `bash docs/cuda-runs/run174-expansion-fewer-instructions.sh`.
 bash scripts/gpu_prefill.sh run174
 source scripts/gpu_prepare.sh > /dev/null 2>&1
-m=gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum,l1tex__data_pipe_lsu_wavefronts.sum
-m=$m,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum
-timeout 240 ncu --clock-control none --kernel-name regex:vq_materialize --launch-count 80 --metrics $m --csv \
-  $B --prefill --reps 2 > $OUT/run174-ncu.csv 2> $OUT/run174-ncu.err || echo "ncu rc $?"
-python3 scripts/ncu_summary.py $OUT/run174-ncu.csv > $OUT/run174-ncu-summary.txt
-cat $OUT/run174-ncu-summary.txt
+bash scripts/gpu_ncu_expansion.sh run174-ncu "$B"  # (the ncu command the run wrote out here, a helper since)

@@ -9,11 +9,6 @@
 # `bash docs/cuda-runs/run175-expansion-no-collectives.sh`.
 bash scripts/gpu_prefill.sh run175
 source scripts/gpu_prepare.sh > /dev/null 2>&1
-m=gpu__time_duration.sum,dram__bytes_write.sum,dram__bytes_read.sum,l1tex__data_pipe_lsu_wavefronts.sum
-m=$m,launch__registers_per_thread,sm__warps_active.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum
-timeout 240 ncu --clock-control none --kernel-name regex:vq_materialize --launch-count 80 --metrics $m --csv \
-  $B --prefill --reps 2 > $OUT/run175-ncu.csv 2> $OUT/run175-ncu.err || echo "ncu rc $?"
-python3 scripts/ncu_summary.py $OUT/run175-ncu.csv > $OUT/run175-ncu-summary.txt
-cat $OUT/run175-ncu-summary.txt
+bash scripts/gpu_ncu_expansion.sh run175-ncu "$B"  # (the ncu command the run wrote out here, a helper since)
 cuobjdump -sass $B | awk '/Function : .*vq_materialize_kernelILi128ELi4E/{f=1} f&&/Function : /&&!/vq_materialize_kernelILi128ELi4E/{f=0} f' > $OUT/run175-materialize-128-4.sass
 grep -oE '^\s+/\*[0-9a-f]+\*/\s+(@!?U?P[0-9T] )?[A-Z0-9_.]+' $OUT/run175-materialize-128-4.sass | awk '{print $NF}' | sed 's/\..*//' | sort | uniq -c | sort -rn | head -24 | tr '\n' ' '; echo
