@@ -1365,6 +1365,18 @@ void check_encode_geometry(const EncodeParams& p) {
              "CUDA VecInfer: codebook_bits must be in 4..16 (key " << p.k_bits << ", value " << p.v_bits << ")");
 }
 
+/// Calls f(std::integral_constant<int, D>{}) for the call's head_dim D (64, 128, 256), or throws
+/// UnsupportedError naming `what` and the head_dim: the one dispatch of the launches below.
+template <class F>
+void with_head_dim(int head_dim, const char* what, F&& f) {
+  switch (head_dim) {
+    case 64: f(std::integral_constant<int, 64>{}); break;
+    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 256: f(std::integral_constant<int, 256>{}); break;
+    default: VQ_THROW(UnsupportedError, what << ": head_dim " << head_dim);
+  }
+}
+
 }  // namespace
 
 void encode_launch(const EncodeParams& p, bool decode_mode, void* stream) {
@@ -1374,24 +1386,14 @@ void encode_launch(const EncodeParams& p, bool decode_mode, void* stream) {
                                                           << " token-heads in one call (limit 2^31)");
   if (p.batch == 0 || p.n_new == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
-  switch (p.head_dim) {
-    case 64: encode_d<64>(p, decode_mode, s); break;
-    case 128: encode_d<128>(p, decode_mode, s); break;
-    case 256: encode_d<256>(p, decode_mode, s); break;
-    default: VQ_THROW(UnsupportedError, "CUDA encode: head_dim " << p.head_dim);
-  }
+  with_head_dim(p.head_dim, "CUDA encode", [&](auto d) { encode_d<decltype(d)::value>(p, decode_mode, s); });
 }
 
 void evict_launch(const EncodeParams& p, void* stream) {
   check_encode_geometry(p);
   if (p.batch == 0 || p.n_new == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
-  switch (p.head_dim) {
-    case 64: dequant_d<64>(p, 1, 0, p.n_new, -1, s); break;
-    case 128: dequant_d<128>(p, 1, 0, p.n_new, -1, s); break;
-    case 256: dequant_d<256>(p, 1, 0, p.n_new, -1, s); break;
-    default: VQ_THROW(UnsupportedError, "CUDA evict: head_dim " << p.head_dim);
-  }
+  with_head_dim(p.head_dim, "CUDA evict", [&](auto d) { dequant_d<decltype(d)::value>(p, 1, 0, p.n_new, -1, s); });
 }
 
 template <int D>
@@ -1418,12 +1420,7 @@ void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream) {
                                                                 << " rows (limit 2^31)");
   if (p.batch == 0 || n_max == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
-  switch (p.head_dim) {
-    case 64: materialize_d<64>(p, n_max, s); break;
-    case 128: materialize_d<128>(p, n_max, s); break;
-    case 256: materialize_d<256>(p, n_max, s); break;
-    default: VQ_THROW(UnsupportedError, "CUDA materialize: head_dim " << p.head_dim);
-  }
+  with_head_dim(p.head_dim, "CUDA materialize", [&](auto d) { materialize_d<decltype(d)::value>(p, n_max, s); });
 }
 
 void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream) {
@@ -1431,12 +1428,7 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
   if (p.batch == 0 || n == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
   const int side = keys ? 1 : 0;
-  switch (p.head_dim) {
-    case 64: dequant_d<64>(p, 0, t0, n, side, s); break;
-    case 128: dequant_d<128>(p, 0, t0, n, side, s); break;
-    case 256: dequant_d<256>(p, 0, t0, n, side, s); break;
-    default: VQ_THROW(UnsupportedError, "CUDA dequant: head_dim " << p.head_dim);
-  }
+  with_head_dim(p.head_dim, "CUDA dequant", [&](auto d) { dequant_d<decltype(d)::value>(p, 0, t0, n, side, s); });
 }
 
 void append_rows_launch(const DevTensor4& src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
