@@ -453,6 +453,9 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --startup-probe     a cold tile's landing at launch (diagnosis)
   A/B switches: --window-regs --window-last --value-gathers --no-cluster --no-hint --no-rows4 --no-wide
                 --window-weight W (the split planner's weight of a window token)
+                --materialize-lanes (the prefill expansion over head_dim / 16 lanes a row)
+                --prefill-exact 0|1|2 (exact rows: vq_prefill_kernel (default) / the 32-rows-a-warp
+                kernel, tiles of 64 / of 32 tokens)
 )";
 
 int main(int argc, char** argv) {
@@ -500,6 +503,8 @@ int main(int argc, char** argv) {
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
     else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
+    else if (a == "--materialize-lanes") cuda::set_materialize_lanes(1);  // A/B: the prefill expansion, D/16 lanes a row
+    else if (a == "--prefill-exact" && i + 1 < argc) cuda::set_prefill_exact_kernel(std::atoi(argv[++i]));  // A/B: exact rows' kernel
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);
@@ -632,6 +637,7 @@ int main(int argc, char** argv) {
     bool prefill_ok = true;
     for (const PCfg& pc : pcfgs)
       for (const PCase& c : pcases) {
+        if (!selected(pc.name)) continue;  // --filter applies to the prefill table's caches too
         KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
         cfg.kind = pc.kind;
         auto cache = KVCacheFactory::create(cfg);

@@ -10,10 +10,10 @@
 # Expected (run 175's SASS: ~180 warp instructions a row, ~100 of them per-row bookkeeping that
 # the lanes kernel shares between 4 rows): ~90-100 a row, the expansion ~130 -> ~60-70 us at
 # 34000 tokens if it stays bound by issue.
-# Here: `git apply docs/cuda-runs/run177-materialize-lanes.patch && bash scripts/gpu_bundle.sh`;
-# there, with .gpu-bundle carried: `bash docs/cuda-runs/run177-materialize-lanes.sh`. Keep the
-# patch if the tests pass and the lanes kernel is faster (then make it the default and drop the
-# switch, or keep the switch for the bench's A/B).
+# The patch (run177-materialize-lanes.patch, removed) is on main since 2026-12-06's twelfth session,
+# the lanes kernel off by default; run 178's script (run178-prefill-exact-kernel.sh) times both
+# expansions too. Here: `bash scripts/gpu_bundle.sh`; there, with .gpu-bundle carried: this script.
+# Make the lanes kernel the default if the tests pass and it is faster.
 source scripts/gpu_run_start.sh run177 --no-peer
 $T --gtest_filter='CudaAttention.*Prefill*:CudaDecode.Ragged*' --gtest_brief=1 > $OUT/run177-prefill-tests.log 2>&1
 grep -E "^\[  (PASSED|FAILED) |FAILED|cuda prefill over rows" $OUT/run177-prefill-tests.log | head -20

@@ -24,6 +24,7 @@
 // 1024+ entries are split over up to 8 blocks per job as well (EncodeParams::dec_slices), whose
 // answers the job's last block merges the same way from a workspace.
 #include <algorithm>
+#include <atomic>
 #include <cfloat>
 #include <climits>
 #include <cstring>
@@ -1093,6 +1094,108 @@ __global__ void __launch_bounds__(256, kMaterializeBlocks<D, SD>) vq_materialize
   }
 }
 
+/// materialize_launch, lanes-per-row form (prepared 2026-12-06, eleventh session; on main, off by
+/// default, since the twelfth, still NOT RUN on a GPU: runs 177 / 178 are to test and measure it
+/// against vq_materialize_kernel): a row over LPR = D / 16 lanes, 16 consecutive
+/// elements a lane, so a warp instruction serves 32 / LPR rows and the per-row bookkeeping (the
+/// row's indices, lengths, addresses, window test) that the warp-a-row kernel repeats in all 32
+/// lanes (~100 of its ~180 warp instructions a row, run 175's SASS) is shared by 32 / LPR rows.
+/// The key FWHT: bits 0-3 in the lane, bits 4.. across the row's lanes by shuffles (the same
+/// ascending order of stages as warp_fwht_row: the same sums). U passes of 32 / LPR rows a warp
+/// with every load issued before any is used, as in vq_materialize_kernel.
+template <int D, int SD>
+__global__ void __launch_bounds__(256, 2) vq_materialize_lanes_kernel(const EncodeParams p, int64_t n) {
+  constexpr int EL = 16, LPR = D / EL, RW = 32 / LPR, U = 2, NS = EL / SD, kWarps = 8;
+  static_assert(LPR >= 4 && LPR <= 32 && (LPR & (LPR - 1)) == 0, "head_dim 64, 128, 256 or 512");
+  const bool keys = blockIdx.y == 0;
+  const Side sd = side_of(p, keys);
+  if (sd.sub != SD) return;
+  const int lane = threadIdx.x & 31, sub = lane % LPR, rsel = lane / LPR;
+  const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
+  const uint32_t mask = (1u << sd.bits) - 1u;
+  const uint16_t* ring = static_cast<const uint16_t*>(keys ? p.k_ring : p.v_ring);
+  constexpr int kRowsPerGroup = kWarps * RW * U;
+  for (int64_t g0 = int64_t(blockIdx.x) * kRowsPerGroup; g0 < items; g0 += int64_t(gridDim.x) * kRowsPerGroup) {
+    const int64_t wbase = g0 + int64_t(threadIdx.x >> 5) * RW * U;
+    int L[U], w[U], kvh[U], bh[U], pos[U];
+    uint4 win[U][2];  // the lane's 16 window elements (32 bytes)
+    uint32_t lo[U][NS], hi[U][NS];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {  // every load of the lane's U rows
+      const int64_t it = wbase + u * RW + rsel;
+      const Pos q = decompose(min(it, items - 1), p.n_kv_heads, int(n));
+      bh[u] = q.b * p.n_kv_heads + q.kvh;
+      kvh[u] = q.kvh;
+      pos[u] = it < items ? q.i : -1;
+      L[u] = __ldg(p.seq_len + q.b);
+      w[u] = p.res_count ? __ldg(p.res_count + q.b) : 0;
+      win[u][0] = win[u][1] = make_uint4(0, 0, 0, 0);
+      if (ring != nullptr) {
+        const uint4* src = reinterpret_cast<const uint4*>(ring + (int64_t(bh[u]) * p.ring_cap + q.i % p.ring_cap) * D + sub * EL);
+        win[u][0] = __ldg(src);
+        win[u][1] = __ldg(src + 1);
+      }
+      const uint32_t* row = reinterpret_cast<const uint32_t*>(sd.codes + (int64_t(bh[u]) * p.code_cap + q.i) * sd.row_stride);
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int bit = (sub * NS + s) * sd.bits, o = bit & 31;
+        lo[u][s] = __ldg(row + (bit >> 5));
+        hi[u][s] = (o + sd.bits > 32) ? __ldg(row + (bit >> 5) + 1) : 0u;
+      }
+    }
+    float y[U][EL];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int s = 0; s < NS; ++s) {
+        const int o = ((sub * NS + s) * sd.bits) & 31;
+        const uint32_t code = __funnelshift_r(lo[u][s], hi[u][s], o) & mask;
+        ldg_floats<SD>(sd.cb + size_t(code) * SD, &y[u][s * SD]);
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (keys && p.use_hadamard) {
+#pragma unroll
+        for (int h = 1; h < EL; h <<= 1)
+#pragma unroll
+          for (int j = 0; j < EL; ++j)
+            if ((j & h) == 0) {
+              const float a = y[u][j], c = y[u][j + h];
+              y[u][j] = a + c, y[u][j + h] = a - c;
+            }
+#pragma unroll
+        for (int m = 1; m < LPR; m <<= 1) {  // lanes of one row differ in their low log2(LPR) bits
+          const float sgn = (lane & m) ? -1.0f : 1.0f;
+#pragma unroll
+          for (int j = 0; j < EL; ++j) y[u][j] = __fmaf_rn(sgn, y[u][j], __shfl_xor_sync(0xffffffffu, y[u][j], m));
+        }
+#pragma unroll
+        for (int j = 0; j < EL; ++j) y[u][j] = __fmul_rn(y[u][j], p.hadamard_scale);
+      }
+      float lam[EL];
+      if (keys && p.lambda) {
+        ldg_floats<EL>(p.lambda + kvh[u] * D + sub * EL, lam);
+      } else {
+#pragma unroll
+        for (int j = 0; j < EL; ++j) lam[j] = 1.0f;
+      }
+      uint32_t hw[EL / 2];
+#pragma unroll
+      for (int j = 0; j < EL / 2; ++j)
+        hw[j] = uint32_t(f_to_store16(__fmul_rn(y[u][2 * j], lam[2 * j]), p.win_bf16)) |
+                uint32_t(f_to_store16(__fmul_rn(y[u][2 * j + 1], lam[2 * j + 1]), p.win_bf16)) << 16;
+      uint4 out0 = make_uint4(hw[0], hw[1], hw[2], hw[3]), out1 = make_uint4(hw[4], hw[5], hw[6], hw[7]);
+      const int wn = min(p.residual_length, w[u]);
+      if (pos[u] >= L[u] - wn) out0 = win[u][0], out1 = win[u][1];  // an exact window row, as stored
+      if (pos[u] >= 0 && pos[u] < L[u]) {
+        uint4* dst = reinterpret_cast<uint4*>(static_cast<uint16_t*>(sd.win) + (int64_t(bh[u]) * p.win_cap + pos[u]) * D + sub * EL);
+        dst[0] = out0;
+        dst[1] = out1;
+      }
+    }
+  }
+}
+
 __global__ void append_rows_kernel(DevTensor4 src, int batch, int n_kv_heads, int n_new, int head_dim, void* dst,
                                    int dst_bf16, int64_t cap, const int32_t* seq_len, int* error_flag,
                                    const int* gate) {
@@ -1396,6 +1499,13 @@ void evict_launch(const EncodeParams& p, void* stream) {
   with_head_dim(p.head_dim, "CUDA evict", [&](auto d) { dequant_d<decltype(d)::value>(p, 1, 0, p.n_new, -1, s); });
 }
 
+namespace {
+std::atomic<int> g_materialize_lanes{0};
+}  // namespace
+
+int set_materialize_lanes(int on) { return g_materialize_lanes.exchange(on ? 1 : 0); }
+bool materialize_lanes() { return g_materialize_lanes.load() != 0; }
+
 template <int D>
 void materialize_d(const EncodeParams& p, int64_t n, cudaStream_t s) {
   const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
@@ -1405,6 +1515,18 @@ void materialize_d(const EncodeParams& p, int64_t n, cudaStream_t s) {
     kern<<<grid, 256, 0, s>>>(p, n);
     VQ_CUDA_CHECK(cudaGetLastError());
   };
+  constexpr int64_t kLaneRows = 8192 / D;  // rows a block: 8 warps x U (2) passes x 32 / (D / 16) rows
+  const int64_t lane_blocks = std::min<int64_t>((items + kLaneRows - 1) / kLaneRows, int64_t(1) << 20);
+  const dim3 lane_grid(unsigned(std::max<int64_t>(lane_blocks, 1)), 2);
+  auto run_lanes = [&](auto kern) {  // 8 warps of U · 32 / LPR rows a block
+    kern<<<lane_grid, 256, 0, s>>>(p, n);
+    VQ_CUDA_CHECK(cudaGetLastError());
+  };
+  if (materialize_lanes()) {
+    if (p.k_sub == 4 || p.v_sub == 4) run_lanes(vq_materialize_lanes_kernel<D, 4>);
+    if (p.k_sub == 8 || p.v_sub == 8) run_lanes(vq_materialize_lanes_kernel<D, 8>);
+    return;
+  }
   if (p.k_sub == 4 || p.v_sub == 4) run(vq_materialize_kernel<D, 4>);
   if (p.k_sub == 8 || p.v_sub == 8) run(vq_materialize_kernel<D, 8>);
 }

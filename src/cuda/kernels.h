@@ -225,6 +225,18 @@ int set_prefill_mode(int mode);
 int prefill_mode();
 /// Prefill-kernel launches so far in this process (tests: which path ran).
 long long prefill_launches();
+/// Launches over exact rows only (p.win_all: the fp16 cache, Standard caches, prefill over
+/// dequantized rows) at head_dim 64 / 128 in blocks of 128 rows take vq_prefill_exact_kernel
+/// (prefill_exact_kernel.cuh: 32 rows a warp, each K / V fragment feeding two MMA row tiles)
+/// instead of vq_prefill_kernel when switched on: kExactTile64, kExactTile32 (tiles of 32 tokens
+/// at head_dim 128). kExactOff (vq_prefill_kernel) is the default until a GPU run has measured
+/// the new kernel (run 178, prepared in the twelfth session and not yet run: that session got no
+/// device). Process-wide; returns the previous mode. prefill_exact_launches: its launches so far
+/// (also counted in prefill_launches).
+enum PrefillExactMode : int { kExactOff = 0, kExactTile64 = 1, kExactTile32 = 2 };
+int set_prefill_exact_kernel(int mode);
+int prefill_exact_kernel();
+long long prefill_exact_launches();
 /// Prefill over dequantized rows (MemoryBound caches, eager calls of more than 16 queries): the
 /// cache's held tokens are first written once as exact rows into a stream-ordered workspace
 /// (materialize_launch: codes dequantized, keys inverse-transformed; window tokens copied), and
@@ -427,6 +439,11 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
 /// from the codes with k_cb/v_cb (keys inverse-transformed: Hadamard, then λ). n_max bounds
 /// seq_len (the host's mirror). Keys and values in one launch per sub_dim.
 void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream);
+/// Which expansion kernel materialize_launch runs: 0 (default) a warp a row
+/// (vq_materialize_kernel), 1 head_dim / 16 lanes a row (vq_materialize_lanes_kernel).
+/// Process-wide; returns the previous setting (the tests and the benchmark's A/B).
+int set_materialize_lanes(int on);
+bool materialize_lanes();
 
 /// Converts/copies new rows [batch, kvh, n_new, head_dim] (any float dtype and strides) into
 /// dst [batch, kvh, cap, head_dim] (F16 or BF16) at positions seq_len[b] + i (the fp16 cache).

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "cuda/prefill_exact_kernel.cuh"
 #include "cuda/prefill_kernel.cuh"
 
 namespace veloxquant::cuda {
@@ -63,6 +64,8 @@ const PrefillEntry* find(const AttnConfigKey& k, int rows) {
 }
 
 std::atomic<int> g_prefill_mode{kPrefillAuto};
+std::atomic<int> g_exact_mode{kExactOff};  // until a GPU run measures it (run 178, prepared)
+std::atomic<long long> g_exact_launches{0};
 std::atomic<int> g_block_rows{0};
 std::atomic<long long> g_prefill_launches{0};
 std::atomic<int> g_rows_mode{kRowsAuto};
@@ -179,7 +182,50 @@ int prefill_block_rows(const AttnParams& p) {
   return forced != 0 ? forced : kPrefillAutoRows;
 }
 
+int set_prefill_exact_kernel(int mode) {
+  VQ_CHECK_VALUE(mode == kExactOff || mode == kExactTile64 || mode == kExactTile32,
+                 "exact-rows prefill kernel: mode 0 (off), 1 (tiles of 64 tokens) or 2 (of 32), got " << mode);
+  return g_exact_mode.exchange(mode);
+}
+int prefill_exact_kernel() { return g_exact_mode.load(); }
+long long prefill_exact_launches() { return g_exact_launches.load(); }
+
+namespace {
+template <int D, int TILE>
+void exact_launch(const AttnParams& p, cudaStream_t s) {
+  using T = PrefillExactTraits<D, TILE>;
+  const void* kern = reinterpret_cast<const void*>(&vq_prefill_exact_kernel<D, TILE>);
+  raise_smem_limit(kern, size_t(T::kSmem));
+  const int G = p.n_heads / p.n_kv_heads;
+  const int64_t row_blocks = (int64_t(G) * p.q_len + T::kRows - 1) / T::kRows;
+  VQ_CHECK_T(row_blocks <= 65535, UnsupportedError,
+             "CUDA prefill attention: " << row_blocks << " blocks of " << T::kRows << " rows (" << p.q_len
+                                        << " queries x " << G << " heads a kv head) pass gridDim.y (65535)");
+  const dim3 grid(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));  // heaviest row blocks first
+  void* args[] = {const_cast<AttnParams*>(&p)};
+  VQ_CUDA_CHECK(cudaLaunchKernel(kern, grid, dim3(unsigned(T::kThreads)), args, size_t(T::kSmem), s));
+}
+}  // namespace
+
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
+  // every token an exact row: the kernel of 32 rows a warp (prefill_exact_kernel.cuh) where it is
+  // switched on and no other block size is forced
+  const int exact = g_exact_mode.load();
+  if (p.win_all && exact != kExactOff && (k.head_dim == 64 || k.head_dim == 128) &&
+      prefill_block_rows(p) == kPrefillAutoRows) {
+    VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
+    const cudaStream_t s = as_stream(stream);
+    if (k.head_dim == 64) {
+      exact_launch<64, 64>(p, s);
+    } else if (exact == kExactTile32) {
+      exact_launch<128, 32>(p, s);
+    } else {
+      exact_launch<128, 64>(p, s);
+    }
+    g_prefill_launches.fetch_add(1);
+    g_exact_launches.fetch_add(1);
+    return;
+  }
   const PrefillEntry* e = find(k, prefill_block_rows(p));
   VQ_CHECK_T(e != nullptr, UnsupportedError,
              "CUDA prefill attention: no kernel for head_dim " << k.head_dim << ", keys d" << k.key_sub_dim << "b"

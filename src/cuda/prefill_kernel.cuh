@@ -48,6 +48,7 @@
 #include "cuda/attn_masks.cuh"
 #include "cuda/cuda_util.cuh"
 #include "cuda/kernels.h"
+#include "cuda/prefill_tiles.cuh"
 
 namespace veloxquant::cuda {
 
@@ -103,18 +104,6 @@ struct PrefillTraits {
 
 namespace prefill_detail {
 
-// ldmatrix of the K/V tiles: volatile, unlike the decode kernel's ldsm_x4_trans (codebooks that
-// stay put), since these tiles are rewritten between block barriers.
-__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-__device__ __forceinline__ void ldsm_x4_t(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 /// One codebook entry element as a float, whatever the codebook's format.
 /// fmt: 0 fp16 bits; 1 E4M3 byte · mul; 2 int8 byte · mul; 3 offset-binary byte: (byte − 128) · mul.
 __device__ __forceinline__ float cb_elem(const uint16_t* cb16, const uint8_t* cb8, int fmt, float mul, int i) {
@@ -150,6 +139,7 @@ template <int D, int KS, int KB, int VS, int VB, int W>
 __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnParams p, int kfmt, int vfmt) {
   using T = PrefillTraits<D, KS, KB, VS, VB, W>;
   using namespace prefill_detail;
+  using namespace prefill_tiles;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
   // blocks go out heaviest first: row blocks from the last (the longest causal prefixes), every
@@ -170,13 +160,7 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
   int rc = p.win_all ? L : min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
   rc = max(0, min(rc, L));
   const int n_code = L - rc;
-  auto bounds = [&](int gr, int& lo, int& hi) {  // visible [lo, hi) of block-row gr (dead rows: all)
-    if (gr < rows_total) {
-      attn_query_bounds(p, L - p.q_tail + gr / G, L, lo, hi);
-    } else {
-      lo = 0, hi = L;
-    }
-  };
+  auto bounds = [&](int gr, int& lo, int& hi) { row_bounds(p, gr, rows_total, G, L, lo, hi); };
   const int last_row = min(row0 + T::kRows, rows_total) - 1;
   int lo_u, hi_min, lo_max, hi_u;
   bounds(row0, lo_u, hi_min);  // a row's bounds never decrease with the row
@@ -255,41 +239,13 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
   // they land, each thread the 16-byte pieces it issued itself
   const uint16_t* const kwin = static_cast<const uint16_t*>(p.k_win) + bh * p.win_cap * D;
   const uint16_t* const vwin = static_cast<const uint16_t*>(p.v_win) + bh * p.win_cap * D;
-  constexpr int kChunks = D / 8;  // 16-byte pieces per row
   auto issue_window = [&](int w, int buf) {
-    const int j0 = wA + w * T::kTile, n = min(T::kTile, wB - j0);
-    __half* const sk = k_tile(buf);
-    __half* const sv = v_tile(buf);
-#pragma unroll 4
-    for (int idx = tid; idx < T::kTile * kChunks; idx += T::kThreads) {
-      const int tok = idx / kChunks, ch = idx % kChunks;
-      __half* const dk = sk + tok * T::kStride + ch * 8;
-      __half* const dv = sv + tok * T::kStride + ch * 8;
-      if (tok < n) {
-        const int pos = j0 + tok;
-        const int64_t slot = p.win_ring ? int64_t(pos % p.win_cap) : int64_t(pos);
-        cp_async16(uint32_t(__cvta_generic_to_shared(dk)), kwin + slot * D + ch * 8);
-        cp_async16(uint32_t(__cvta_generic_to_shared(dv)), vwin + slot * D + ch * 8);
-      } else {
-        *reinterpret_cast<uint4*>(dk) = make_uint4(0, 0, 0, 0);
-        *reinterpret_cast<uint4*>(dv) = make_uint4(0, 0, 0, 0);
-      }
-    }
-    cp_async_commit();
+    const int j0 = wA + w * T::kTile;
+    issue_row_tile<D, T::kStride, T::kTile, T::kThreads>(p, kwin, vwin, j0, min(T::kTile, wB - j0), k_tile(buf),
+                                                         v_tile(buf), tid);
   };
   auto fix_window_tile = [&](int w, int buf) {
-    const int n = min(T::kTile, wB - (wA + w * T::kTile));
-    for (int idx = tid; idx < n * kChunks; idx += T::kThreads) {
-      const int tok = idx / kChunks, ch = idx % kChunks;
-      uint4* const pk = reinterpret_cast<uint4*>(k_tile(buf) + tok * T::kStride + ch * 8);
-      uint4* const pv = reinterpret_cast<uint4*>(v_tile(buf) + tok * T::kStride + ch * 8);
-      uint4 kv = *pk, vv = *pv;
-      kv.x = bf16x2_to_f16x2(kv.x), kv.y = bf16x2_to_f16x2(kv.y), kv.z = bf16x2_to_f16x2(kv.z),
-      kv.w = bf16x2_to_f16x2(kv.w);
-      vv.x = bf16x2_to_f16x2(vv.x), vv.y = bf16x2_to_f16x2(vv.y), vv.z = bf16x2_to_f16x2(vv.z),
-      vv.w = bf16x2_to_f16x2(vv.w);
-      *pk = kv, *pv = vv;
-    }
+    fix_bf16_row_tile<D, T::kStride, T::kThreads>(min(T::kTile, wB - (wA + w * T::kTile)), k_tile(buf), v_tile(buf), tid);
   };
 
   // ---- codebooks as true fp16 centroids, kRK / kRV interleaved copies ------------------------
@@ -408,36 +364,9 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
       }
     }
     const bool full = j0 >= lo_max && j0 + T::kTile <= hi_min && j0 + T::kTile <= end;
-    if (!full) {
-#pragma unroll
-      for (int n = 0; n < 8; ++n)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int j = j0 + n * 8 + 2 * t4 + (e & 1), r = e >> 1;
-          if (!(j < end && j >= lo_r[r] && j < hi_r[r])) s[n][e] = -INFINITY;
-        }
-    }
+    if (!full) mask_tile<8>(s, j0, end, t4, lo_r, hi_r);
     float alpha[2];
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * r], s[n][2 * r + 1]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float mnew = fmaxf(mrow[r], mx);
-      const float base = mnew == -INFINITY ? 0.0f : mnew;
-      alpha[r] = ex2(mrow[r] - base);  // ex2(-inf) = 0
-      mrow[r] = mnew;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < 8; ++n) {
-        s[n][2 * r] = ex2(s[n][2 * r] - base);
-        s[n][2 * r + 1] = ex2(s[n][2 * r + 1] - base);
-        sum += s[n][2 * r] + s[n][2 * r + 1];
-      }
-      lrow[r] = lrow[r] * alpha[r] + sum;
-    }
+    softmax_tile<8>(s, mrow, lrow, alpha);
 #pragma unroll
     for (int n = 0; n < D / 8; ++n) o[n][0] *= alpha[0], o[n][1] *= alpha[0], o[n][2] *= alpha[1], o[n][3] *= alpha[1];
     {
@@ -482,24 +411,8 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
   }
 
   // ---- outputs: O / l per row -----------------------------------------------------------------
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int gr = row0 + warp * 16 + g + 8 * r;
-    if (gr >= rows_total) continue;
-    const int qi = gr / G, h = kvh * G + gr % G;
-    const float inv = lrow[r] > 0.0f ? 1.0f / lrow[r] : 0.0f;
-    const int64_t ob = b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2];
-#pragma unroll
-    for (int n = 0; n < D / 8; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-        store_f(p.out, p.out_dtype, ob + (n * 8 + 2 * t4 + e) * p.out_stride[3], o[n][2 * r + e] * inv);
-  }
+  const int gr[2] = {row0 + warp * 16 + g, row0 + warp * 16 + g + 8};
+  store_tile_rows<D>(p, o, lrow, gr, rows_total, G, kvh, b, t4);
 }
 
 }  // namespace veloxquant::cuda

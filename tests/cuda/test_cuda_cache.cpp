@@ -592,6 +592,66 @@ TEST(CudaAttention, AutoPrefillRouting) {
   }
 }
 
+// The exact-rows prefill kernel (prefill_exact_kernel.cuh: 32 query rows a warp), in both tile
+// sizes, against the oracle and against vq_prefill_kernel on the same calls: Standard caches
+// (every token an exact row) with the prefill kernel forced, and memory-bound caches over
+// dequantized rows; head_dim 64 and 128, fp16 and bf16 rows, GQA groups of 1 to 8, causal,
+// non-causal and sliding-window masks, chunks and histories that end mid-tile and mid-block,
+// batch 2. Each mode's launches are counted, so a silent fallback to the other kernel fails.
+TEST(CudaAttention, ExactRowsPrefillKernelMatchesTheOracleAndTheGeneralKernel) {
+  VQ_SKIP_WITHOUT_GPU();
+  if (!cuda::prefill_compiled({128, 4, 8, 4, 8, 1})) GTEST_SKIP() << "no prefill kernel over exact rows in this build";
+  const uint64_t seed = 0xE8AC7;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8};
+  const std::vector<AttnCase> cases = {
+      {d4b8, 128, 2, 2, 4, 900, 150, 64, true, 0, DType::F16, CacheMode::Standard, 1},        // batch 2
+      {d4b8, 128, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::Standard, 1},    // bf16 rows, sliding
+      {d4b8, 64, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, CacheMode::Standard, 1},         // non-causal, G 8
+      {d4b8, 64, 2, 1, 1, 70, 33, 16, true, 0, DType::F16, CacheMode::Standard, 1},           // G 1, a short block
+      {d4b8, 128, 1, 1, 8, 0, 260, 16, true, 0, DType::BF16, CacheMode::MemoryBound, 3},      // rows, no history, sharp
+      {dflt, 128, 2, 2, 4, 1000, 77, 64, true, 0, DType::F16, CacheMode::MemoryBound, 1},     // rows, batch 2
+      {dflt, 64, 1, 3, 2, 500, 45, 128, true, 100, DType::BF16, CacheMode::MemoryBound, 1},   // rows, sliding
+      {d4b8, 128, 1, 2, 4, 37, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1},      // all in the window
+  };
+  double worst = 0, worst_between = 0;
+  int run = 0;
+  for (const AttnCase& a : cases) {
+    if (!compiled(a.spec, a.D)) continue;
+    SCOPED_TRACE(describe(a));
+    OracleCase oc = oracle_case(a, rng, CodebookFormat::I8);
+    const int prev_mode = cuda::set_prefill_mode(a.mode == CacheMode::Standard ? cuda::kPrefillAlways : cuda::kPrefillAuto);
+    const int prev_rows = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
+    std::vector<float> out[3];
+    for (int mode : {cuda::kExactOff, cuda::kExactTile64, cuda::kExactTile32}) {
+      SCOPED_TRACE("exact-rows kernel mode " + std::to_string(mode));
+      const int prev_exact = cuda::set_prefill_exact_kernel(mode);
+      const long long before = cuda::prefill_exact_launches(), before_k = cuda::prefill_launches();
+      out[mode] = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      EXPECT_EQ(cuda::prefill_exact_launches() - before, mode == cuda::kExactOff ? 0 : 1);
+      EXPECT_EQ(cuda::prefill_launches() - before_k, 1);
+      cuda::set_prefill_exact_kernel(prev_exact);
+      const double e = nmse(out[mode], oc.ref);
+      EXPECT_LE(e, kAttnNmse);
+      worst = std::max(worst, e);
+    }
+    cuda::set_prefill_rows_mode(prev_rows);
+    cuda::set_prefill_mode(prev_mode);
+    // the same fp16 operands and fp32 sums: only the order of the online softmax's rescaling differs
+    for (int mode : {cuda::kExactTile64, cuda::kExactTile32}) {
+      const double between = nmse(out[mode], out[cuda::kExactOff]);
+      EXPECT_LE(between, 1e-5) << "mode " << mode << " against vq_prefill_kernel";
+      worst_between = std::max(worst_between, between);
+    }
+    ++run;
+  }
+  EXPECT_EQ(run, int(cases.size()));
+  EXPECT_THROW(cuda::set_prefill_exact_kernel(3), ValueError);
+  std::printf("[cuda prefill exact rows] %d cases x 3 kernels, worst NMSE %.3g against the oracle, %.3g between kernels\n",
+              run, worst, worst_between);
+}
+
 // Prefill over dequantized rows (run 169): a memory-bound cache's eager call of more than 16
 // queries may write its tokens once as exact rows (window tokens as held, older ones dequantized
 // with the centroids the decode kernel reads) into a workspace from the device's pool and attend
@@ -630,10 +690,13 @@ TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
   };
   double worst = 0, worst_between = 0;
   int run = 0, stash_rows = 0, stash_codes = 0;
+  const int prev_lanes = cuda::set_materialize_lanes(0);
+  for (int lanes : {0, 1})  // the expansion a warp a row, and head_dim / 16 lanes a row
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
+    cuda::set_materialize_lanes(lanes);
     for (CodebookFormat fmt : fmts) {
-      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt) + (lanes ? " lanes-per-row expansion" : ""));
       OracleCase oc = oracle_case(a, rng, fmt);
       bool expect_rows = true;
       if (a.mode == CacheMode::Stash) {
@@ -661,10 +724,11 @@ TEST(CudaAttention, PrefillOverDequantizedRowsMatchesTheOracle) {
       ++run;
     }
   }
-  EXPECT_GE(run, 24);
+  cuda::set_materialize_lanes(prev_lanes);
+  EXPECT_GE(run, 48);
   // fp16 and int8-key Stash caches over their rows (the int8 key grid is the default), E4M3 ones over the codes
-  EXPECT_GE(stash_rows, 4);
-  EXPECT_GE(stash_codes, 2);
+  EXPECT_GE(stash_rows, 8);
+  EXPECT_GE(stash_codes, 4);
   // a limit below the workspace (2 sides x B x Hkv x tokens x D x 2 bytes): the call attends over the codes
   const AttnCase& a = cases[0];
   OracleCase oc = oracle_case(a, rng, CodebookFormat::I8);
@@ -1485,14 +1549,17 @@ TEST(CudaDecode, RaggedBatchMatchesPerSequenceCpuCaches) {
   // sequence's rows up to its own length, its own window copied), each against every sequence's oracle
   {
     Tensor q = random_tensor({B, H * G, 24, D}, DType::F32, rng);
-    constexpr int kRows = 3;
-    for (int mode : {int(cuda::kPrefillAlways), int(cuda::kPrefillOff), kRows}) {
+    constexpr int kRows = 3, kRowsLanes = 4;  // over rows: the expansion a warp a row, and D / 16 lanes a row
+    for (int mode : {int(cuda::kPrefillAlways), int(cuda::kPrefillOff), kRows, kRowsLanes}) {
+      const int prev_lanes = cuda::set_materialize_lanes(mode == kRowsLanes ? 1 : 0);
+      if (mode == kRowsLanes) mode = kRows;
       const int prev = cuda::set_prefill_mode(mode == kRows ? int(cuda::kPrefillAuto) : mode);
       const int prev_rows = cuda::set_prefill_rows_mode(mode == kRows ? cuda::kRowsAlways : cuda::kRowsOff);
       const long long pre = cuda::prefill_launches(), pre_rows = cuda::prefill_rows_launches();
       const std::vector<float> got = floats(gpu->fused_sdpa(to_device(q).view(), p));
       cuda::set_prefill_rows_mode(prev_rows);
       cuda::set_prefill_mode(prev);
+      cuda::set_materialize_lanes(prev_lanes);
       EXPECT_EQ(cuda::prefill_launches() > pre, mode != cuda::kPrefillOff);
       EXPECT_EQ(cuda::prefill_rows_launches() - pre_rows, mode == kRows ? 1 : 0);
       for (int b = 0; b < B; ++b) {
