@@ -1,8 +1,9 @@
-// src/cuda/prefill.cu — the prefill kernel's instantiations and its one launch point (see
-// prefill_kernel.cuh). The default build compiles d4b8/d4b8 and the defaults d4b12/d8b8 at
-// head_dim 64 and 128 in blocks of 128 rows; VQ_CUDA_ALL_CONFIGS adds d8b12/d8b12, d4b10/d8b12
-// and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows.
-// Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
+// src/cuda/prefill.cu — the prefill kernels' instantiations and their one launch point (see
+// prefill_kernel.cuh, prefill_exact_kernel.cuh). The default build compiles d4b8/d4b8 and the
+// defaults d4b12/d8b8 at head_dim 64 and 128 in blocks of 128 rows; VQ_CUDA_ALL_CONFIGS adds
+// d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows. The exact-rows
+// kernel: head_dim 64 (tiles of 64 tokens) and 128 (tiles of 64 or 32), behind
+// set_prefill_exact_kernel. Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
 #include <map>
 #include <mutex>
