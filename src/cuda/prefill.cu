@@ -192,29 +192,34 @@ int prefill_exact_kernel() { return g_exact_mode.load(); }
 long long prefill_exact_launches() { return g_exact_launches.load(); }
 
 namespace {
+/// A prefill launch's grid in blocks of `rows` query rows: (kv head, row block, batch), the
+/// kernels taking row blocks heaviest first; UnsupportedError where the row blocks pass gridDim.y.
+dim3 prefill_grid(const AttnParams& p, int rows) {
+  const int G = p.n_heads / p.n_kv_heads;
+  const int64_t row_blocks = (int64_t(G) * p.q_len + rows - 1) / rows;
+  VQ_CHECK_T(row_blocks <= 65535, UnsupportedError,
+             "CUDA prefill attention: " << row_blocks << " blocks of " << rows << " rows (" << p.q_len
+                                        << " queries x " << G << " heads a kv head) pass gridDim.y (65535)");
+  return dim3(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));
+}
+
 template <int D, int TILE>
 void exact_launch(const AttnParams& p, cudaStream_t s) {
   using T = PrefillExactTraits<D, TILE>;
   const void* kern = reinterpret_cast<const void*>(&vq_prefill_exact_kernel<D, TILE>);
   raise_smem_limit(kern, size_t(T::kSmem));
-  const int G = p.n_heads / p.n_kv_heads;
-  const int64_t row_blocks = (int64_t(G) * p.q_len + T::kRows - 1) / T::kRows;
-  VQ_CHECK_T(row_blocks <= 65535, UnsupportedError,
-             "CUDA prefill attention: " << row_blocks << " blocks of " << T::kRows << " rows (" << p.q_len
-                                        << " queries x " << G << " heads a kv head) pass gridDim.y (65535)");
-  const dim3 grid(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));  // heaviest row blocks first
   void* args[] = {const_cast<AttnParams*>(&p)};
-  VQ_CUDA_CHECK(cudaLaunchKernel(kern, grid, dim3(unsigned(T::kThreads)), args, size_t(T::kSmem), s));
+  VQ_CUDA_CHECK(cudaLaunchKernel(kern, prefill_grid(p, T::kRows), dim3(unsigned(T::kThreads)), args, size_t(T::kSmem), s));
 }
 }  // namespace
 
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
+  VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
   // every token an exact row: the kernel of 32 rows a warp (prefill_exact_kernel.cuh) where it is
   // switched on and no other block size is forced
   const int exact = g_exact_mode.load();
   if (p.win_all && exact != kExactOff && (k.head_dim == 64 || k.head_dim == 128) &&
       prefill_block_rows(p) == kPrefillAutoRows) {
-    VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
     const cudaStream_t s = as_stream(stream);
     if (k.head_dim == 64) {
       exact_launch<64, 64>(p, s);
@@ -238,17 +243,11 @@ void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_T(p.win_all || (p.k_row_stride == k_row && p.v_row_stride == v_row), UnsupportedError,
              "CUDA prefill attention: code rows of " << p.k_row_stride << " / " << p.v_row_stride
                                                      << " bytes, the kernel reads " << k_row << " / " << v_row);
-  VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
   raise_smem_limit(e->kernel, size_t(e->smem));
   // codebook formats (CodebookFormat): keys fp16 / E4M3 / int8 / int8; values fp16 / E4M3 / fp16 / offset int8
   const int kfmt = k.cb_fmt == 0 ? 0 : k.cb_fmt == 1 ? 1 : 2;
   const int vfmt = k.cb_fmt == 1 ? 1 : k.cb_fmt == 3 ? 3 : 0;
-  const int G = p.n_heads / p.n_kv_heads;
-  const int64_t row_blocks = (int64_t(G) * p.q_len + e->rows - 1) / e->rows;
-  VQ_CHECK_T(row_blocks <= 65535, UnsupportedError,
-             "CUDA prefill attention: " << row_blocks << " blocks of " << e->rows << " rows (" << p.q_len
-                                        << " queries x " << G << " heads a kv head) pass gridDim.y (65535)");
-  const dim3 grid(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));  // heaviest row blocks first
+  const dim3 grid = prefill_grid(p, e->rows);
   void* args[] = {const_cast<AttnParams*>(&p), const_cast<int*>(&kfmt), const_cast<int*>(&vfmt)};
   VQ_CUDA_CHECK(cudaLaunchKernel(e->kernel, grid, dim3(unsigned(e->rows * 2)), args, size_t(e->smem), as_stream(stream)));
   g_prefill_launches.fetch_add(1);
