@@ -453,9 +453,12 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --startup-probe     a cold tile's landing at launch (diagnosis)
   A/B switches: --window-regs --window-last --value-gathers --no-cluster --no-hint --no-rows4 --no-wide
                 --window-weight W (the split planner's weight of a window token)
-                --materialize-lanes (the prefill expansion over head_dim / 16 lanes a row)
-                --prefill-exact 0|1|2 (exact rows: vq_prefill_kernel (default) / the 32-rows-a-warp
-                kernel, tiles of 64 / of 32 tokens)
+                --materialize-lanes [1|0] (the prefill expansion over head_dim / 16 lanes a row,
+                the default, or a warp a row)
+                --prefill-exact 0|1|2|3 (exact rows: vq_prefill_kernel / the 32-rows-a-warp kernel,
+                tiles of 64 / of 32 tokens / automatic, the default: the latter where its grid fills
+                two blocks a multiprocessor, or where its history split over 2-4 blocks does)
+                --prefill-splits N (that split forced: 1 unsplit, 2-4 shares; 0 automatic)
 )";
 
 int main(int argc, char** argv) {
@@ -503,8 +506,12 @@ int main(int argc, char** argv) {
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
     else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
-    else if (a == "--materialize-lanes") cuda::set_materialize_lanes(1);  // A/B: the prefill expansion, D/16 lanes a row
+    else if (a == "--materialize-lanes") {  // A/B: the prefill expansion, D/16 lanes a row (1, the default) or a warp (0)
+      const bool arg = i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1");
+      cuda::set_materialize_lanes(arg ? std::atoi(argv[++i]) : 1);
+    }
     else if (a == "--prefill-exact" && i + 1 < argc) cuda::set_prefill_exact_kernel(std::atoi(argv[++i]));  // A/B: exact rows' kernel
+    else if (a == "--prefill-splits" && i + 1 < argc) cuda::set_prefill_exact_splits(std::atoi(argv[++i]));  // A/B: its history split
     else if (a == "--window-weight" && i + 1 < argc) window_weight = std::atoi(argv[++i]);  // A/B: split planning
     else if (a == "--help" || a == "-h") {
       std::fputs(kUsage, stdout);

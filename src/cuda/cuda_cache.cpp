@@ -552,6 +552,7 @@ class CudaCacheBase : public CudaKVCache {
       if (p.advance) p.gate = step_gate();
       fill_attn(p);
       if (prefill) {
+        p.prefill_tokens = offset();
         cuda::prefill_launch(attn_key(1), p, stream_);
         continue;
       }
@@ -617,6 +618,7 @@ class CudaCacheBase : public CudaKVCache {
     p.k_codes = p.v_codes = nullptr;
     p.win_ring = 0;
     p.win_all = 1;
+    p.prefill_tokens = offset();
     if (held) {  // the rows are there (fill_attn: k_win / v_win, every token at its slot, device lengths)
       cuda::prefill_launch(rows_key, p, stream_);
       cuda::count_prefill_rows_launch();

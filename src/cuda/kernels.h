@@ -117,6 +117,9 @@ struct AttnParams {
   /// Not for window-only launches (win_all).
   int hint_chunk = 0;
   int hint_ncode = 0;
+  /// Prefill launches: the longest sequence's tokens as the host knows them (0: unknown), which
+  /// sizes the exact-rows kernel's history split (prefill_launch); never read by a kernel.
+  int64_t prefill_tokens = 0;
   // masking and scale
   float scale_log2 = 0.0f;  ///< softmax scale · log2(e)
   int causal = 1;
@@ -226,16 +229,39 @@ int prefill_mode();
 /// Prefill-kernel launches so far in this process (tests: which path ran).
 long long prefill_launches();
 /// Launches over exact rows only (p.win_all: the fp16 cache, Standard caches, prefill over
-/// dequantized rows) at head_dim 64 / 128 in blocks of 128 rows take vq_prefill_exact_kernel
-/// (prefill_exact_kernel.cuh: 32 rows a warp, each K / V fragment feeding two MMA row tiles)
-/// instead of vq_prefill_kernel when switched on: kExactTile64, kExactTile32 (tiles of 32 tokens
-/// at head_dim 128). kExactOff (vq_prefill_kernel) is the default until a GPU run has measured
-/// the new kernel (run 178, prepared in the twelfth session and not yet run: that session got no
-/// device). Process-wide; returns the previous mode. prefill_exact_launches: its launches so far
-/// (also counted in prefill_launches).
-enum PrefillExactMode : int { kExactOff = 0, kExactTile64 = 1, kExactTile32 = 2 };
+/// dequantized rows) at head_dim 64 / 128 in blocks of 128 rows may take vq_prefill_exact_kernel
+/// (prefill_exact_kernel.cuh: 32 rows a warp, each K / V fragment feeding two MMA row tiles, two
+/// blocks of 4 warps a multiprocessor) instead of vq_prefill_kernel (16 rows a warp, 8 warps):
+/// kExactAuto (the default) where prefill_exact_pays says so, with tiles of 64 tokens;
+/// kExactTile64 / kExactTile32 (tiles of 32 tokens at head_dim 128) on every such launch;
+/// kExactOff never. Run 179 (H100, same command): 3-15% faster than vq_prefill_kernel on grids
+/// of two blocks a multiprocessor or more, 14-20% slower on grids of one (there it has half the
+/// warps a multiprocessor). Process-wide; returns the previous mode. prefill_exact_launches: its
+/// launches so far (also counted in prefill_launches).
+enum PrefillExactMode : int { kExactOff = 0, kExactTile64 = 1, kExactTile32 = 2, kExactAuto = 3 };
 int set_prefill_exact_kernel(int mode);
 int prefill_exact_kernel();
+/// kExactAuto's rule: the exact-rows kernel for a grid of `blocks` 128-row blocks on `sms`
+/// multiprocessors when blocks >= 1.5 x sms (most multiprocessors then hold two of its blocks).
+bool prefill_exact_pays(int64_t blocks, int64_t sms);
+/// Where it does not pay, kExactAuto splits the history of each row block over s blocks (s = 2
+/// to kExactMaxSplits, the least for which blocks · s pays), each with its share of the tiles,
+/// followed by a merge kernel, when the longest sequence (the host's `tokens`; AttnParams::
+/// prefill_tokens) gives every share at least kExactMinSplitTiles tiles of 64 tokens; returns 1
+/// where not (vq_prefill_kernel then takes the launch). Run 180 (H100, 128 blocks split over 2,
+/// tiles of 32 at head_dim 128): 6% slower than vq_prefill_kernel at 4352 tokens a share (8192
+/// x 512), 4% faster at 16640 (32768 x 512); the bound sits between. The partial results
+/// (batch · kv heads · rows · s · (head_dim + 2) floats) come from the rows path's pool within
+/// its limit (set_rows_workspace_limit); without them vq_prefill_kernel runs.
+constexpr int kExactMaxSplits = 4, kExactMinSplitTiles = 160;
+int prefill_exact_split_plan(int64_t blocks, int64_t sms, int64_t tokens);
+/// Forces the exact-rows kernel's history split to n shares (1: unsplit; the kernel then takes
+/// every launch over exact rows it can, as in kExactTile64) for the tests and the benchmark; 0
+/// (the default) leaves it to prefill_exact_split_plan. Tiles of 32 tokens never split.
+/// Process-wide; returns the previous setting. prefill_split_launches: split launches so far
+/// (also counted in prefill_exact_launches and prefill_launches).
+int set_prefill_exact_splits(int n);
+long long prefill_split_launches();
 long long prefill_exact_launches();
 /// Prefill over dequantized rows (MemoryBound caches, eager calls of more than 16 queries): the
 /// cache's held tokens are first written once as exact rows into a stream-ordered workspace
@@ -439,8 +465,8 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
 /// from the codes with k_cb/v_cb (keys inverse-transformed: Hadamard, then λ). n_max bounds
 /// seq_len (the host's mirror). Keys and values in one launch per sub_dim.
 void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream);
-/// Which expansion kernel materialize_launch runs: 0 (default) a warp a row
-/// (vq_materialize_kernel), 1 head_dim / 16 lanes a row (vq_materialize_lanes_kernel).
+/// Which expansion kernel materialize_launch runs: 0 a warp a row (vq_materialize_kernel), 1
+/// (the default since run 179) head_dim / 16 lanes a row (vq_materialize_lanes_kernel).
 /// Process-wide; returns the previous setting (the tests and the benchmark's A/B).
 int set_materialize_lanes(int on);
 bool materialize_lanes();

@@ -2,8 +2,8 @@
 // prefill_kernel.cuh, prefill_exact_kernel.cuh). The default build compiles d4b8/d4b8 and the
 // defaults d4b12/d8b8 at head_dim 64 and 128 in blocks of 128 rows; VQ_CUDA_ALL_CONFIGS adds
 // d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows. The exact-rows
-// kernel: head_dim 64 (tiles of 64 tokens) and 128 (tiles of 64 or 32), behind
-// set_prefill_exact_kernel. Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
+// kernel: head_dim 64 (tiles of 64 tokens) and 128 (tiles of 64 or 32), taken where its grid
+// fills two blocks a multiprocessor (set_prefill_exact_kernel, prefill_exact_pays). Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -65,8 +65,10 @@ const PrefillEntry* find(const AttnConfigKey& k, int rows) {
 }
 
 std::atomic<int> g_prefill_mode{kPrefillAuto};
-std::atomic<int> g_exact_mode{kExactOff};  // until a GPU run measures it (run 178, prepared)
+std::atomic<int> g_exact_mode{kExactAuto};  // run 179: faster where its grid fills two blocks a multiprocessor
 std::atomic<long long> g_exact_launches{0};
+std::atomic<int> g_exact_splits{0};  // 0: prefill_exact_split_plan decides
+std::atomic<long long> g_split_launches{0};
 std::atomic<int> g_block_rows{0};
 std::atomic<long long> g_prefill_launches{0};
 std::atomic<int> g_rows_mode{kRowsAuto};
@@ -184,10 +186,23 @@ int prefill_block_rows(const AttnParams& p) {
 }
 
 int set_prefill_exact_kernel(int mode) {
-  VQ_CHECK_VALUE(mode == kExactOff || mode == kExactTile64 || mode == kExactTile32,
-                 "exact-rows prefill kernel: mode 0 (off), 1 (tiles of 64 tokens) or 2 (of 32), got " << mode);
+  VQ_CHECK_VALUE(mode == kExactOff || mode == kExactTile64 || mode == kExactTile32 || mode == kExactAuto,
+                 "exact-rows prefill kernel: mode 0 (off), 1 (tiles of 64 tokens), 2 (of 32) or 3 (automatic), got "
+                     << mode);
   return g_exact_mode.exchange(mode);
 }
+bool prefill_exact_pays(int64_t blocks, int64_t sms) { return sms > 0 && 2 * blocks >= 3 * sms; }
+int prefill_exact_split_plan(int64_t blocks, int64_t sms, int64_t tokens) {
+  for (int s = 2; s <= kExactMaxSplits; ++s)
+    if (prefill_exact_pays(blocks * s, sms)) return tokens / 64 >= int64_t(kExactMinSplitTiles) * s ? s : 1;
+  return 1;
+}
+int set_prefill_exact_splits(int n) {
+  VQ_CHECK_VALUE(n >= 0 && n <= kExactMaxSplits,
+                 "exact-rows prefill kernel: history split 0 (automatic) or 1 to " << kExactMaxSplits << ", got " << n);
+  return g_exact_splits.exchange(n);
+}
+long long prefill_split_launches() { return g_split_launches.load(); }
 int prefill_exact_kernel() { return g_exact_mode.load(); }
 long long prefill_exact_launches() { return g_exact_launches.load(); }
 
@@ -203,6 +218,26 @@ dim3 prefill_grid(const AttnParams& p, int rows) {
   return dim3(unsigned(p.n_kv_heads), unsigned(row_blocks), unsigned(p.batch));
 }
 
+/// The exact-rows kernel's blocks for a launch (its grid's size; see prefill_grid).
+int64_t exact_blocks(const AttnParams& p) {
+  const int64_t rows = int64_t(p.n_heads / p.n_kv_heads) * p.q_len;
+  constexpr int kRows = PrefillExactTraits<128, 64>::kRows;  // every instantiation's
+  return int64_t(p.n_kv_heads) * p.batch * ((rows + kRows - 1) / kRows);
+}
+/// Multiprocessors of the current device (cached per device).
+int64_t current_device_sms() {
+  static std::atomic<int> cache[64] = {};
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= 64) return 0;
+  int n = cache[dev].load();
+  if (n == 0) {
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(n);
+  }
+  return n;
+}
+
 template <int D, int TILE>
 void exact_launch(const AttnParams& p, cudaStream_t s) {
   using T = PrefillExactTraits<D, TILE>;
@@ -211,26 +246,87 @@ void exact_launch(const AttnParams& p, cudaStream_t s) {
   void* args[] = {const_cast<AttnParams*>(&p)};
   VQ_CUDA_CHECK(cudaLaunchKernel(kern, prefill_grid(p, T::kRows), dim3(unsigned(T::kThreads)), args, size_t(T::kSmem), s));
 }
+
+/// The split kernel's tile: 64 tokens at head_dim 64; 32 at 128, where the unsplit kernel's tiles
+/// of 64 take 255 registers and the split's few more made ptxas spill ~100 bytes (244 with 32).
+template <int D>
+constexpr int kExactSplitTile = D == 128 ? 32 : 64;
+
+/// The exact-rows kernel with the history split over `splits` blocks, then the merge, the
+/// partial results in a workspace from the rows path's pool (freed behind the merge). False
+/// (nothing launched) where the workspace is not to be had: the caller launches unsplit.
+template <int D>
+bool exact_split_launch(const AttnParams& p0, int splits, cudaStream_t s) {
+  constexpr int kTile = kExactSplitTile<D>;
+  using T = PrefillExactTraits<D, kTile>;
+  const int64_t rows = int64_t(p0.n_heads / p0.n_kv_heads) * p0.q_len;
+  const int64_t items = int64_t(splits) * p0.batch * p0.n_kv_heads * rows;
+  VQ_CHECK_T(int64_t(p0.batch) * splits <= 65535, UnsupportedError,
+             "CUDA prefill attention: batch " << p0.batch << " x " << splits << " history shares pass gridDim.z (65535)");
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  void* ws = rows_workspace_alloc(dev, size_t(items) * (D + 2) * sizeof(float), s);
+  if (ws == nullptr) return false;
+  AttnParams p = p0;
+  p.n_splits = splits;
+  p.ws_o = static_cast<float*>(ws);
+  p.ws_ml = p.ws_o + items * D;
+  const void* kern = reinterpret_cast<const void*>(&vq_prefill_exact_kernel<D, kTile, true>);
+  raise_smem_limit(kern, size_t(T::kSmem));
+  dim3 grid = prefill_grid(p, T::kRows);
+  grid.z *= unsigned(splits);
+  void* args[] = {&p};
+  try {
+    VQ_CUDA_CHECK(cudaLaunchKernel(kern, grid, dim3(unsigned(T::kThreads)), args, size_t(T::kSmem), s));
+    const int64_t merge_rows = int64_t(p.batch) * p.n_kv_heads * rows;
+    vq_prefill_merge_kernel<D><<<unsigned((merge_rows + 7) / 8), 256, 0, s>>>(p);
+    VQ_CUDA_CHECK(cudaGetLastError());
+  } catch (...) {
+    rows_workspace_free(ws, s);
+    throw;
+  }
+  rows_workspace_free(ws, s);
+  return true;
+}
 }  // namespace
 
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   VQ_CHECK_T(p.n_new == 0, ValueError, "CUDA prefill attention: eager calls only (n_new = " << p.n_new << ")");
   // every token an exact row: the kernel of 32 rows a warp (prefill_exact_kernel.cuh) where it is
-  // switched on and no other block size is forced
+  // switched on and no other block size is forced; kExactAuto: where its grid fills two blocks a
+  // multiprocessor, else split over 2 to kExactMaxSplits blocks a row block where that fills them
+  // and the history is long enough (prefill_exact_split_plan), else vq_prefill_kernel below
   const int exact = g_exact_mode.load();
   if (p.win_all && exact != kExactOff && (k.head_dim == 64 || k.head_dim == 128) &&
       prefill_block_rows(p) == kPrefillAutoRows) {
-    const cudaStream_t s = as_stream(stream);
-    if (k.head_dim == 64) {
-      exact_launch<64, 64>(p, s);
-    } else if (exact == kExactTile32) {
-      exact_launch<128, 32>(p, s);
-    } else {
-      exact_launch<128, 64>(p, s);
+    const int forced = g_exact_splits.load();
+    int splits = forced != 0 ? forced : 1;
+    bool use = exact != kExactAuto || forced != 0;
+    if (!use) {
+      const int64_t blocks = exact_blocks(p), sms = current_device_sms();
+      use = prefill_exact_pays(blocks, sms);
+      if (!use) splits = prefill_exact_split_plan(blocks, sms, p.prefill_tokens);
     }
-    g_prefill_launches.fetch_add(1);
-    g_exact_launches.fetch_add(1);
-    return;
+    const cudaStream_t s = as_stream(stream);
+    if (splits > 1 && exact != kExactTile32 &&
+        (k.head_dim == 64 ? exact_split_launch<64>(p, splits, s) : exact_split_launch<128>(p, splits, s))) {
+      g_prefill_launches.fetch_add(1);
+      g_exact_launches.fetch_add(1);
+      g_split_launches.fetch_add(1);
+      return;
+    }
+    if (use) {  // (a split the workspace could not be had for, chosen automatically: vq_prefill_kernel)
+      if (k.head_dim == 64) {
+        exact_launch<64, 64>(p, s);
+      } else if (exact == kExactTile32) {
+        exact_launch<128, 32>(p, s);
+      } else {
+        exact_launch<128, 64>(p, s);
+      }
+      g_prefill_launches.fetch_add(1);
+      g_exact_launches.fetch_add(1);
+      return;
+    }
   }
   const PrefillEntry* e = find(k, prefill_block_rows(p));
   VQ_CHECK_T(e != nullptr, UnsupportedError,

@@ -23,10 +23,15 @@
 // Reference: attention_ref / vecinfer_attention_ref (the tests), and vq_prefill_kernel, which
 // the tests also run on the same inputs (cuda::set_prefill_exact_kernel).
 //
-// Status: compiled for sm_90 (255 registers at head_dim 128 with tiles of 64 tokens, 244 with 32,
-// 226 at head_dim 64; no spill) and sm_80, but NOT YET RUN on a GPU (the twelfth session's device
-// calls were all refused), so it is off by default (cuda::kExactOff). Run 178
-// (docs/cuda-runs/run178-prefill-exact-kernel.sh) tests and times it.
+// Status: run 179 (H100, same command as vq_prefill_kernel): 3-15% faster than vq_prefill_kernel
+// on grids of two blocks a multiprocessor or more, 14-20% slower on grids of one, where it has
+// half the warps a multiprocessor; so it takes the launches prefill_exact_pays names
+// (cuda::kExactAuto, the default). 255 registers at head_dim 128 with tiles of 64 tokens, 244
+// with 32, 226 at head_dim 64; no spill at sm_90. On the edge: staging the queries by cp.async
+// instead of row by row (~32 dependent round trips a warp before the first tile), computing the
+// rows' mask bounds in the loop instead of holding them, or packing all of P before O += P·V
+// each made ptxas spill 56-84 bytes at head_dim 128 x 64 (not measured; the next step where the
+// prologue matters, 0 x 4096: 1024 blocks of ~150 us, a few us of it staging).
 #pragma once
 
 #include <cstdint>
@@ -54,15 +59,53 @@ struct PrefillExactTraits {
   static_assert(kSmem <= 113 * 1024, "exact-rows prefill kernel: two blocks must fit a multiprocessor");
 };
 
+/// Where share s of a split prefill launch keeps row gr of (sequence b, kv head kvh): p.ws_o
+/// [index · D, + D) (unnormalised O) and p.ws_ml [2 · index, + 2) (max, sum; log2 units).
+__device__ __forceinline__ int64_t prefill_split_index(const AttnParams& p, int s, int b, int kvh, int gr) {
+  const int rows_total = p.n_heads / p.n_kv_heads * p.q_len;
+  return ((int64_t(s) * p.batch + b) * p.n_kv_heads + kvh) * rows_total + gr;
+}
+
+/// One MMA row tile's two rows of a split launch's share (as store_tile_rows, unnormalised): O,
+/// and the row's max and sum (lrow reduced over the row's four lanes here; mrow is already the
+/// row's), for the live rows.
+template <int D>
+__device__ __forceinline__ void store_tile_partial(const AttnParams& p, const float (&o)[D / 8][4], const float (&mrow)[2],
+                                                   float (&lrow)[2], const int (&gr)[2], int rows_total, int kvh, int b,
+                                                   int share, int t4) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
+    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    if (gr[r] >= rows_total) continue;
+    const int64_t i = prefill_split_index(p, share, b, kvh, gr[r]);
+#pragma unroll
+    for (int n = 0; n < D / 8; ++n)
+      *reinterpret_cast<float2*>(p.ws_o + i * D + n * 8 + 2 * t4) = make_float2(o[n][2 * r], o[n][2 * r + 1]);
+    if (t4 == 0) *reinterpret_cast<float2*>(p.ws_ml + 2 * i) = make_float2(mrow[r], lrow[r]);
+  }
+}
+
 /// One block: 128 query rows, row block gridDim.y - 1 - blockIdx.y (heaviest first), of kv head
 /// blockIdx.x of sequence blockIdx.z. Requires p.win_all (every token an exact row) and p.n_new == 0.
-template <int D, int TILE>
+/// SPLIT: the history split over p.n_splits blocks (blockIdx.z = sequence · n_splits + share),
+/// share s taking tiles [n_tiles·s / n_splits, n_tiles·(s + 1) / n_splits) of the block's visible
+/// ones and writing its rows' unnormalised O, max and sum (log2 units) to p.ws_o / p.ws_ml
+/// (prefill_split_index) for vq_prefill_merge_kernel: more blocks where one a row block would
+/// leave the multiprocessors half empty (prefill_launch). Without SPLIT the code is the one run 179
+/// measured.
+template <int D, int TILE, bool SPLIT = false>
 __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnParams p) {
   using T = PrefillExactTraits<D, TILE>;
   using namespace prefill_tiles;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, warp = tid >> 5, lane = tid & 31, g = lane >> 2, t4 = lane & 3;
-  const int kvh = blockIdx.x, b = blockIdx.z;
+  const int kvh = blockIdx.x;
+  const int b = SPLIT ? int(blockIdx.z) / p.n_splits : int(blockIdx.z);
+  const int share = SPLIT ? int(blockIdx.z) % p.n_splits : 0;
   const int G = p.n_heads / p.n_kv_heads;
   const int rows_total = G * p.q_len, row0 = int(gridDim.y - 1 - blockIdx.y) * T::kRows;
   const int64_t bh = int64_t(b) * p.n_kv_heads + kvh;
@@ -83,6 +126,8 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnPara
   bounds(last_row, lo_max, hi_u);
   const int wA = max(lo_u, 0), wB = min(hi_u, L);
   const int n_tiles = wB > wA ? (wB - wA + T::kTile - 1) / T::kTile : 0;
+  const int t_lo = SPLIT ? int(int64_t(n_tiles) * share / p.n_splits) : 0;
+  const int t_hi = SPLIT ? int(int64_t(n_tiles) * (share + 1) / p.n_splits) : n_tiles;
 
   // tile w (tokens [wA + TILE·w, ..) ∩ [.., wB)) → K/V buffer `buf` by cp.async; tokens past the
   // end get zeros (a finite filler that the mask removes)
@@ -96,7 +141,7 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnPara
   auto fix_bf16_tile = [&](int w, int buf) {  // the pieces this thread issued, bf16 → fp16
     fix_bf16_row_tile<D, T::kStride, T::kThreads>(min(T::kTile, wB - (wA + w * T::kTile)), k_tile(buf), v_tile(buf), tid);
   };
-  if (n_tiles > 0) issue_tile(0, 0);
+  if (t_hi > t_lo) issue_tile(t_lo, 0);
 
   // ---- the block's queries · scale·log2 e as fp16 rows in shared memory (while tile 0 lands) --
   // warp w stages its own 32 rows; lane l holds dims 2l, 2l + 1 (and 64 + 2l, 65 + 2l)
@@ -199,20 +244,55 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnPara
   };
 
   // ---- the pipeline --------------------------------------------------------------------------
-  for (int t = 0; t < n_tiles; ++t) {
+  for (int t = t_lo; t < t_hi; ++t) {
+    const int buf = (t - t_lo) & 1;
     cp_async_wait<0>();  // what this thread issued during tile t - 1: tile t's rows
-    if (p.win_bf16) fix_bf16_tile(t, t & 1);
-    __syncthreads();  // tile t (and, at t = 0, the queries) in place for every warp; tile t - 1 done
-    if (t + 1 < n_tiles) issue_tile(t + 1, (t + 1) & 1);
-    run_tile(t & 1, wA + t * T::kTile, wB);
+    if (p.win_bf16) fix_bf16_tile(t, buf);
+    __syncthreads();  // tile t (and, at the first, the queries) in place for every warp; tile t - 1 done
+    if (t + 1 < t_hi) issue_tile(t + 1, buf ^ 1);
+    run_tile(buf, wA + t * T::kTile, wB);
   }
 
-  // ---- outputs: O / l per row -----------------------------------------------------------------
+  // ---- outputs: O / l per row, or this share's O, max and sum ------------------------------------
 #pragma unroll
   for (int m = 0; m < 2; ++m) {
     const int gr[2] = {row0 + warp * T::kWarpRows + m * 16 + g, row0 + warp * T::kWarpRows + m * 16 + g + 8};
-    store_tile_rows<D>(p, o[m], lrow[m], gr, rows_total, G, kvh, b, t4);
+    if constexpr (SPLIT) {
+      store_tile_partial<D>(p, o[m], mrow[m], lrow[m], gr, rows_total, kvh, b, share, t4);
+    } else {
+      store_tile_rows<D>(p, o[m], lrow[m], gr, rows_total, G, kvh, b, t4);
+    }
   }
+}
+
+/// The merge of a split prefill launch: one warp per (sequence, kv head, row), the shares' O
+/// weighted by 2^(max_s − max) and divided by the weighted sums, stored as vq_prefill_exact_kernel
+/// stores its rows (rows that see no token: zeros). Grid: ceil(batch · n_kv_heads · rows / 8)
+/// blocks of 256 threads.
+template <int D>
+__global__ void __launch_bounds__(256) vq_prefill_merge_kernel(const AttnParams p) {
+  const int G = p.n_heads / p.n_kv_heads, rows_total = G * p.q_len;
+  const int64_t item = int64_t(blockIdx.x) * 8 + (threadIdx.x >> 5);
+  if (item >= int64_t(p.batch) * p.n_kv_heads * rows_total) return;
+  const int lane = threadIdx.x & 31;
+  const int gr = int(item % rows_total), kvh = int(item / rows_total % p.n_kv_heads);
+  const int b = int(item / rows_total / p.n_kv_heads);
+  float mx = -INFINITY;
+  for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, p.ws_ml[2 * prefill_split_index(p, s, b, kvh, gr)]);
+  const float base = mx == -INFINITY ? 0.0f : mx;
+  float acc[D / 32] = {}, sum = 0.0f;
+  for (int s = 0; s < p.n_splits; ++s) {
+    const int64_t i = prefill_split_index(p, s, b, kvh, gr);
+    const float w = ex2(p.ws_ml[2 * i] - base);  // ex2(-inf) = 0: a share that saw no token
+    sum += w * p.ws_ml[2 * i + 1];
+#pragma unroll
+    for (int e = 0; e < D / 32; ++e) acc[e] += w * p.ws_o[i * D + e * 32 + lane];
+  }
+  const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+  const int qi = gr / G, h = kvh * G + gr % G;
+  const int64_t ob = b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2];
+#pragma unroll
+  for (int e = 0; e < D / 32; ++e) store_f(p.out, p.out_dtype, ob + (e * 32 + lane) * p.out_stride[3], acc[e] * inv);
 }
 
 }  // namespace veloxquant::cuda

@@ -615,7 +615,7 @@ TEST(CudaAttention, ExactRowsPrefillKernelMatchesTheOracleAndTheGeneralKernel) {
       {dflt, 64, 1, 3, 2, 500, 45, 128, true, 100, DType::BF16, CacheMode::MemoryBound, 1},   // rows, sliding
       {d4b8, 128, 1, 2, 4, 37, 20, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1},      // all in the window
   };
-  double worst = 0, worst_between = 0;
+  double worst = 0, worst_between = 0, worst_split = 0;
   int run = 0;
   for (const AttnCase& a : cases) {
     if (!compiled(a.spec, a.D)) continue;
@@ -636,6 +636,22 @@ TEST(CudaAttention, ExactRowsPrefillKernelMatchesTheOracleAndTheGeneralKernel) {
       EXPECT_LE(e, kAttnNmse);
       worst = std::max(worst, e);
     }
+    // the history split over 2 and 4 blocks a row block, then merged (tiles of 64 tokens)
+    for (int splits : {2, 4}) {
+      SCOPED_TRACE("history split over " + std::to_string(splits));
+      const int prev_exact = cuda::set_prefill_exact_kernel(cuda::kExactTile64);
+      const int prev_splits = cuda::set_prefill_exact_splits(splits);
+      const long long before = cuda::prefill_split_launches(), before_k = cuda::prefill_launches();
+      const std::vector<float> o = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      cuda::set_prefill_exact_splits(prev_splits);
+      cuda::set_prefill_exact_kernel(prev_exact);
+      EXPECT_EQ(cuda::prefill_split_launches() - before, 1);
+      EXPECT_EQ(cuda::prefill_launches() - before_k, 1);
+      EXPECT_LE(nmse(o, oc.ref), kAttnNmse);
+      const double between = nmse(o, out[cuda::kExactTile64]);
+      EXPECT_LE(between, 1e-5) << "against the unsplit kernel";
+      worst_split = std::max(worst_split, between);
+    }
     cuda::set_prefill_rows_mode(prev_rows);
     cuda::set_prefill_mode(prev_mode);
     // the same fp16 operands and fp32 sums: only the order of the online softmax's rescaling differs
@@ -647,9 +663,114 @@ TEST(CudaAttention, ExactRowsPrefillKernelMatchesTheOracleAndTheGeneralKernel) {
     ++run;
   }
   EXPECT_EQ(run, int(cases.size()));
-  EXPECT_THROW(cuda::set_prefill_exact_kernel(3), ValueError);
-  std::printf("[cuda prefill exact rows] %d cases x 3 kernels, worst NMSE %.3g against the oracle, %.3g between kernels\n",
-              run, worst, worst_between);
+  EXPECT_THROW(cuda::set_prefill_exact_kernel(4), ValueError);
+  EXPECT_THROW(cuda::set_prefill_exact_kernel(-1), ValueError);
+  EXPECT_THROW(cuda::set_prefill_exact_splits(cuda::kExactMaxSplits + 1), ValueError);
+  EXPECT_THROW(cuda::set_prefill_exact_splits(-1), ValueError);
+  std::printf("[cuda prefill exact rows] %d cases x 3 kernels + 2 history splits, worst NMSE %.3g against the oracle, "
+              "%.3g between kernels, %.3g split against unsplit\n",
+              run, worst, worst_between, worst_split);
+}
+
+// kExactAuto's rule (host code, no GPU needed), against run 179 (H100, 132 SMs, fp16 cache,
+// blocks of 128 rows): 128 blocks (8192 x 512, 32768 x 512) were 20% / 14% slower on the
+// exact-rows kernel, 256 (3072 x 1024) 2% faster, 512 (32768 x 2048) 15%, 1024 (0 x 4096) 3%.
+TEST(CudaAttention, ExactRowsKernelRuleTakesGridsOfTwoBlocksAMultiprocessor) {
+  for (int64_t b : {256, 512, 1024, 4096}) EXPECT_TRUE(cuda::prefill_exact_pays(b, 132)) << b << " blocks";
+  for (int64_t b : {0, 1, 64, 128, 132, 197}) EXPECT_FALSE(cuda::prefill_exact_pays(b, 132)) << b << " blocks";
+  EXPECT_TRUE(cuda::prefill_exact_pays(198, 132));
+  EXPECT_FALSE(cuda::prefill_exact_pays(1000, 0));
+  for (int64_t sms : {46, 84, 108, 132, 144, 170}) {
+    EXPECT_TRUE(cuda::prefill_exact_pays(2 * sms, sms)) << sms << " SMs";
+    EXPECT_FALSE(cuda::prefill_exact_pays(sms, sms)) << sms << " SMs";
+  }
+  // the history split (run 180: 128 blocks over 2 shares lost 6% at 4352 tokens a share, won 4% at
+  // 16640): the least share count that pays, where every share keeps 160 tiles of 64 tokens
+  EXPECT_EQ(cuda::prefill_exact_split_plan(128, 132, 8704), 1);   // 8192 x 512: shares too short
+  EXPECT_EQ(cuda::prefill_exact_split_plan(128, 132, 33280), 2);  // 32768 x 512: 256 blocks
+  EXPECT_EQ(cuda::prefill_exact_split_plan(64, 132, 65536), 4);   // 198 of 4 x 64 = 256 blocks
+  EXPECT_EQ(cuda::prefill_exact_split_plan(64, 132, 40959), 1);   // 639 tiles: 4 shares too short
+  EXPECT_EQ(cuda::prefill_exact_split_plan(128, 132, 20479), 1);
+  EXPECT_EQ(cuda::prefill_exact_split_plan(128, 132, 20480), 2);
+  EXPECT_EQ(cuda::prefill_exact_split_plan(16, 132, 1 << 20), 1);  // 4 x 16 blocks do not pay either
+  EXPECT_EQ(cuda::prefill_exact_split_plan(128, 0, 1 << 20), 1);
+}
+
+// The default (kExactAuto) on the fp16 device cache: a chunk whose grid fills two blocks a
+// multiprocessor takes the exact-rows kernel, a smaller one over a long enough history the
+// kernel with its history split (then the merge), a small one over a short history
+// vq_prefill_kernel (launches counted); each output equals the forced route's bit for bit and
+// agrees with vq_prefill_kernel's. Then the split without its workspace (the rows path's pool
+// limit below it): the unsplit kernel where forced, vq_prefill_kernel where chosen.
+TEST(CudaAttention, ExactRowsKernelTakesTheLaunchesItsRuleNames) {
+  VQ_SKIP_WITHOUT_GPU();
+  if (!cuda::prefill_compiled({128, 4, 8, 4, 8, 1})) GTEST_SKIP() << "no prefill kernel over exact rows in this build";
+  int sms = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
+  std::mt19937_64 rng(0xE8A);
+  const int H = 32, Hkv = 8, D = 128;
+  int routed[3] = {0, 0, 0};  // vq_prefill_kernel, split, unsplit
+  const int prev_mode = cuda::set_prefill_mode(cuda::kPrefillAlways);
+  for (const auto& [q_len, hist] : std::vector<std::pair<int, int64_t>>{{64, 300}, {512, 24576}, {2048, 300}}) {
+    const int64_t blocks = int64_t(Hkv) * ((int64_t(H / Hkv) * q_len + 127) / 128);
+    const bool pays = cuda::prefill_exact_pays(blocks, sms);
+    const int splits = pays ? 1 : cuda::prefill_exact_split_plan(blocks, sms, hist + q_len);
+    const int route = pays ? 2 : splits > 1 ? 1 : 0;
+    ++routed[route];
+    SCOPED_TRACE(std::to_string(q_len) + " queries over " + std::to_string(hist) + ", " + std::to_string(blocks) +
+                 " blocks on " + std::to_string(sms) + " SMs: route " + std::to_string(route));
+    KVCacheConfig c;
+    c.kind = CacheKind::FP16;
+    c.head_dim = D;
+    c.n_kv_heads = Hkv;
+    auto cache = make_cuda(c);
+    cache->update(to_device(random_tensor({1, Hkv, hist + q_len, D}, DType::F16, rng)).view(),
+                  to_device(random_tensor({1, Hkv, hist + q_len, D}, DType::F16, rng)).view());
+    const Tensor q = to_device(random_tensor({1, H, q_len, D}, DType::F16, rng));
+    const SdpaParams sp;
+    struct Way {
+      int mode, splits;
+    };
+    auto attend = [&](Way w, long long* exact, long long* split) {
+      const int prev = cuda::set_prefill_exact_kernel(w.mode), prev_s = cuda::set_prefill_exact_splits(w.splits);
+      const long long e0 = cuda::prefill_exact_launches(), s0 = cuda::prefill_split_launches(), k0 = cuda::prefill_launches();
+      std::vector<float> o = floats(cache->fused_sdpa(q.view(), sp));
+      cuda::set_prefill_exact_splits(prev_s);
+      cuda::set_prefill_exact_kernel(prev);
+      EXPECT_EQ(cuda::prefill_launches() - k0, 1);
+      *exact = cuda::prefill_exact_launches() - e0;
+      *split = cuda::prefill_split_launches() - s0;
+      return o;
+    };
+    long long e = 0, sl = 0;
+    const std::vector<float> dflt = attend({cuda::kExactAuto, 0}, &e, &sl);
+    EXPECT_EQ(e, route == 0 ? 0 : 1);
+    EXPECT_EQ(sl, route == 1 ? 1 : 0);
+    const std::vector<float> general = attend({cuda::kExactOff, 0}, &e, &sl);
+    EXPECT_EQ(e, 0);
+    const std::vector<float> forced = attend({cuda::kExactTile64, route == 1 ? splits : 1}, &e, &sl);
+    EXPECT_EQ(e, 1);
+    EXPECT_EQ(sl, route == 1 ? 1 : 0);
+    EXPECT_EQ(dflt, route == 0 ? general : forced);
+    EXPECT_LE(nmse(forced, general), 1e-5);
+    if (route == 1) {  // no workspace for the split
+      const int64_t prev_limit = cuda::set_rows_workspace_limit(1024);
+      const std::vector<float> o_auto = attend({cuda::kExactAuto, 0}, &e, &sl);
+      EXPECT_EQ(e, 0) << "chosen split without its workspace: vq_prefill_kernel";
+      EXPECT_EQ(sl, 0);
+      EXPECT_EQ(o_auto, general);
+      const std::vector<float> o_forced = attend({cuda::kExactTile64, splits}, &e, &sl);
+      EXPECT_EQ(e, 1) << "forced split without its workspace: the unsplit kernel";
+      EXPECT_EQ(sl, 0);
+      cuda::set_rows_workspace_limit(prev_limit);
+      EXPECT_LE(nmse(o_forced, general), 1e-5);
+    }
+  }
+  cuda::set_prefill_mode(prev_mode);
+  std::printf("[cuda prefill exact routes] %d SMs: vq_prefill_kernel %d, split %d, unsplit %d of 3 chunks\n", sms,
+              routed[0], routed[1], routed[2]);
+  // on the H100 / H200 (132 SMs) each route once; elsewhere at least two of them
+  EXPECT_GE(int(routed[0] > 0) + int(routed[1] > 0) + int(routed[2] > 0), sms == 132 ? 3 : 2);
 }
 
 // Prefill over dequantized rows (run 169): a memory-bound cache's eager call of more than 16
