@@ -73,11 +73,7 @@ template <int D>
 __device__ __forceinline__ void store_tile_partial(const AttnParams& p, const float (&o)[D / 8][4], const float (&mrow)[2],
                                                    float (&lrow)[2], const int (&gr)[2], int rows_total, int kvh, int b,
                                                    int share, int t4) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
-    lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
-  }
+  prefill_tiles::reduce_row_sums(lrow);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (gr[r] >= rows_total) continue;

@@ -121,16 +121,22 @@ __device__ __forceinline__ void softmax_tile(float (&s)[kN][4], float (&mrow)[2]
   }
 }
 
-/// Outputs O / l of one MMA row tile's two rows (row r: block row gr[r], dead past rows_total;
-/// lrow holds this lane's part of each sum, reduced here over the row's four lanes).
-template <int D>
-__device__ __forceinline__ void store_tile_rows(const AttnParams& p, const float (&o)[D / 8][4], float (&lrow)[2],
-                                                const int (&gr)[2], int rows_total, int G, int kvh, int b, int t4) {
+/// The softmax sums of one MMA row tile's two rows, each lane's part reduced over the row's four
+/// lanes (a quad of the MMA layout).
+__device__ __forceinline__ void reduce_row_sums(float (&lrow)[2]) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 1);
     lrow[r] += __shfl_xor_sync(0xffffffffu, lrow[r], 2);
   }
+}
+
+/// Outputs O / l of one MMA row tile's two rows (row r: block row gr[r], dead past rows_total;
+/// lrow holds this lane's part of each sum, reduced here over the row's four lanes).
+template <int D>
+__device__ __forceinline__ void store_tile_rows(const AttnParams& p, const float (&o)[D / 8][4], float (&lrow)[2],
+                                                const int (&gr)[2], int rows_total, int G, int kvh, int b, int t4) {
+  reduce_row_sums(lrow);
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     if (gr[r] >= rows_total) continue;
