@@ -1094,11 +1094,12 @@ __global__ void __launch_bounds__(256, kMaterializeBlocks<D, SD>) vq_materialize
   }
 }
 
-/// materialize_launch, lanes-per-row form (the default since run 179, where it ran ~25% faster
-/// than vq_materialize_kernel: ~104 against ~136 us to expand 33280 tokens on an H100): a row
-/// over LPR = D / 16 lanes, 16 consecutive elements a lane, so a warp instruction serves 32 / LPR rows and the per-row bookkeeping (the
-/// row's indices, lengths, addresses, window test) that the warp-a-row kernel repeats in all 32
-/// lanes (~100 of its ~180 warp instructions a row, run 175's SASS) is shared by 32 / LPR rows.
+/// materialize_launch, lanes-per-row form (the default since run 180; run 179 measured it ~25%
+/// faster than vq_materialize_kernel: ~104 against ~136 us to expand 33280 tokens on an H100): a
+/// row over LPR = D / 16 lanes, 16 consecutive elements a lane, so a warp instruction serves
+/// 32 / LPR rows and the per-row bookkeeping (the row's indices, lengths, addresses, window
+/// test) that the warp-a-row kernel repeats in all 32 lanes (~100 of its ~180 warp instructions
+/// a row, run 175's SASS) is shared by 32 / LPR rows.
 /// The key FWHT: bits 0-3 in the lane, bits 4.. across the row's lanes by shuffles (the same
 /// ascending order of stages as warp_fwht_row: the same sums). U passes of 32 / LPR rows a warp
 /// with every load issued before any is used, as in vq_materialize_kernel.
@@ -1499,7 +1500,7 @@ void evict_launch(const EncodeParams& p, void* stream) {
 }
 
 namespace {
-std::atomic<int> g_materialize_lanes{1};  // run 179: the expansion 20-25% faster
+std::atomic<int> g_materialize_lanes{1};  // run 179: the expansion ~25% faster
 }  // namespace
 
 int set_materialize_lanes(int on) { return g_materialize_lanes.exchange(on ? 1 : 0); }

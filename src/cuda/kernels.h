@@ -232,7 +232,8 @@ long long prefill_launches();
 /// dequantized rows) at head_dim 64 / 128 in blocks of 128 rows may take vq_prefill_exact_kernel
 /// (prefill_exact_kernel.cuh: 32 rows a warp, each K / V fragment feeding two MMA row tiles, two
 /// blocks of 4 warps a multiprocessor) instead of vq_prefill_kernel (16 rows a warp, 8 warps):
-/// kExactAuto (the default) where prefill_exact_pays says so, with tiles of 64 tokens;
+/// kExactAuto (the default) where prefill_exact_pays says so, with tiles of 64 tokens, or split
+/// where prefill_exact_split_plan says so (run 181: 1.01-1.16x over vq_prefill_kernel);
 /// kExactTile64 / kExactTile32 (tiles of 32 tokens at head_dim 128) on every such launch;
 /// kExactOff never. Run 179 (H100, same command): 3-15% faster than vq_prefill_kernel on grids
 /// of two blocks a multiprocessor or more, 14-20% slower on grids of one (there it has half the
@@ -241,6 +242,7 @@ long long prefill_launches();
 enum PrefillExactMode : int { kExactOff = 0, kExactTile64 = 1, kExactTile32 = 2, kExactAuto = 3 };
 int set_prefill_exact_kernel(int mode);
 int prefill_exact_kernel();
+long long prefill_exact_launches();
 /// kExactAuto's rule: the exact-rows kernel for a grid of `blocks` 128-row blocks on `sms`
 /// multiprocessors when blocks >= 1.5 x sms (most multiprocessors then hold two of its blocks).
 bool prefill_exact_pays(int64_t blocks, int64_t sms);
@@ -262,7 +264,6 @@ int prefill_exact_split_plan(int64_t blocks, int64_t sms, int64_t tokens);
 /// (also counted in prefill_exact_launches and prefill_launches).
 int set_prefill_exact_splits(int n);
 long long prefill_split_launches();
-long long prefill_exact_launches();
 /// Prefill over dequantized rows (MemoryBound caches, eager calls of more than 16 queries): the
 /// cache's held tokens are first written once as exact rows into a stream-ordered workspace
 /// (materialize_launch: codes dequantized, keys inverse-transformed; window tokens copied), and
@@ -466,7 +467,7 @@ void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, voi
 /// seq_len (the host's mirror). Keys and values in one launch per sub_dim.
 void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream);
 /// Which expansion kernel materialize_launch runs: 0 a warp a row (vq_materialize_kernel), 1
-/// (the default since run 179) head_dim / 16 lanes a row (vq_materialize_lanes_kernel).
+/// (the default since run 180) head_dim / 16 lanes a row (vq_materialize_lanes_kernel).
 /// Process-wide; returns the previous setting (the tests and the benchmark's A/B).
 int set_materialize_lanes(int on);
 bool materialize_lanes();

@@ -3,7 +3,9 @@
 // defaults d4b12/d8b8 at head_dim 64 and 128 in blocks of 128 rows; VQ_CUDA_ALL_CONFIGS adds
 // d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows. The exact-rows
 // kernel: head_dim 64 (tiles of 64 tokens) and 128 (tiles of 64 or 32), taken where its grid
-// fills two blocks a multiprocessor (set_prefill_exact_kernel, prefill_exact_pays). Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
+// fills two blocks a multiprocessor (set_prefill_exact_kernel, prefill_exact_pays), its history
+// split (prefill_exact_split_plan) where that fills them instead. Anything else (head_dim 256
+// among them) keeps the decode kernel's row chunks.
 #include <atomic>
 #include <map>
 #include <mutex>
@@ -254,15 +256,15 @@ constexpr int kExactSplitTile = D == 128 ? 32 : 64;
 
 /// The exact-rows kernel with the history split over `splits` blocks, then the merge, the
 /// partial results in a workspace from the rows path's pool (freed behind the merge). False
-/// (nothing launched) where the workspace is not to be had: the caller launches unsplit.
+/// (nothing launched) where the workspace is not to be had or batch · splits passes gridDim.z:
+/// the caller launches otherwise.
 template <int D>
 bool exact_split_launch(const AttnParams& p0, int splits, cudaStream_t s) {
   constexpr int kTile = kExactSplitTile<D>;
   using T = PrefillExactTraits<D, kTile>;
   const int64_t rows = int64_t(p0.n_heads / p0.n_kv_heads) * p0.q_len;
   const int64_t items = int64_t(splits) * p0.batch * p0.n_kv_heads * rows;
-  VQ_CHECK_T(int64_t(p0.batch) * splits <= 65535, UnsupportedError,
-             "CUDA prefill attention: batch " << p0.batch << " x " << splits << " history shares pass gridDim.z (65535)");
+  if (int64_t(p0.batch) * splits > 65535) return false;
   int dev = 0;
   VQ_CUDA_CHECK(cudaGetDevice(&dev));
   void* ws = rows_workspace_alloc(dev, size_t(items) * (D + 2) * sizeof(float), s);

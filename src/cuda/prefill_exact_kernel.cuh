@@ -26,12 +26,14 @@
 // Status: run 179 (H100, same command as vq_prefill_kernel): 3-15% faster than vq_prefill_kernel
 // on grids of two blocks a multiprocessor or more, 14-20% slower on grids of one, where it has
 // half the warps a multiprocessor; so it takes the launches prefill_exact_pays names
-// (cuda::kExactAuto, the default). 255 registers at head_dim 128 with tiles of 64 tokens, 244
-// with 32, 226 at head_dim 64; no spill at sm_90. On the edge: staging the queries by cp.async
-// instead of row by row (~32 dependent round trips a warp before the first tile), computing the
-// rows' mask bounds in the loop instead of holding them, or packing all of P before O += P·V
-// each made ptxas spill 56-84 bytes at head_dim 128 x 64 (not measured; the next step where the
-// prologue matters, 0 x 4096: 1024 blocks of ~150 us, a few us of it staging).
+// (cuda::kExactAuto, the default), and smaller grids over long histories with the history split
+// over 2-4 blocks (SPLIT, then vq_prefill_merge_kernel; prefill_exact_split_plan, run 180).
+// Registers at sm_90, no spill: 255 at head_dim 128 with tiles of 64 tokens, 244 with 32 (251
+// split), 226 at head_dim 64. On the edge: staging the queries by cp.async instead of row by row
+// (~32 dependent round trips a warp before the first tile), computing the rows' mask bounds in
+// the loop instead of holding them, or packing all of P before O += P·V each made ptxas spill
+// 56-84 bytes at head_dim 128 x 64 (not measured; the next step where the prologue matters, 0 x
+// 4096: 1024 blocks of ~150 us, a few us of it staging).
 #pragma once
 
 #include <cstdint>
