@@ -86,10 +86,14 @@ std::vector<std::string> cuda_attention_configs();
 /// stream-ordered memory pool per device that keeps up to `bytes` reserved between calls (so a
 /// model's layers and the next chunk reuse it); a call that would need more attends over the
 /// codes. Default 1 GiB; 0 turns the path off and releases the pool's memory. Returns the
-/// previous limit (negative limits throw ValueError). Decode steps, graph captures and the
-/// other caches never use it (a Stash cache's chunk attends over the dequantized rows it holds,
-/// without a workspace, where they agree with the decode kernel's centroids: fp16 codebooks, or
-/// int8 ones on their grid). A build without CUDA ignores the limit and reads 0.
+/// previous limit (negative limits throw ValueError). Decode steps and graph captures never use
+/// it (a Stash cache's chunk attends over the dequantized rows it holds, without a workspace,
+/// where they agree with the decode kernel's centroids: fp16 codebooks, or int8 ones on their
+/// grid). The same pool and limit also serve a prefill chunk over exact rows (any device cache:
+/// the fp16 cache, Standard caches, the rows above) whose grid is too small to fill the GPU but
+/// whose history is long: its attention is split over the history, the partial results
+/// (2-4 · batch · n_heads · chunk · (head_dim + 2) floats) held here until merged; without room,
+/// the chunk attends unsplit. A build without CUDA ignores the limit and reads 0.
 int64_t set_cuda_prefill_workspace_limit(int64_t bytes);
 int64_t cuda_prefill_workspace_limit();
 
