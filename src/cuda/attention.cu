@@ -73,16 +73,6 @@ const AttnEntry* find(const AttnConfigKey& k) { return find_in(registry(), k); }
 const AttnEntry* find_wide(const AttnConfigKey& k, int rows4) { return find_in(wide_registry(), k, rows4); }
 const AttnEntry* find_rows4(const AttnConfigKey& k) { return find_in(rows4_registry(), k); }
 
-int device_sms(int dev) {
-  static int cache[64] = {};
-  if (dev < 0 || dev >= 64) return 0;
-  if (cache[dev] == 0) {
-    int n = 0;
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev] = n;
-  }
-  return cache[dev];
-}
 
 std::string key_str(const AttnConfigKey& k) {
   std::ostringstream os;
@@ -308,6 +298,18 @@ bool attn_wide_pays(int64_t blocks, int64_t sms) {
 }
 long long attn_wide_launches() { return g_wide_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
+int device_sms(int dev) {
+  static std::atomic<int> cache[64] = {};
+  if (dev < 0) VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev >= 64) return 0;
+  int n = cache[dev].load();
+  if (n == 0) {
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    cache[dev].store(n);
+  }
+  return n;
+}
+
 bool attn_set_step_pdl(bool allowed) { return g_step_pdl.exchange(allowed); }
 long long attn_pdl_launches() { return g_pdl_launches.load(); }
 

@@ -185,12 +185,6 @@ Tensor code_buffer(int64_t bytes, Device dev) {
   return t;
 }
 
-int sm_count(int dev) {
-  int n = 0;
-  VQ_CU(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-  return n;
-}
-
 // ------------------------------------------------------------------------------------------
 // What both caches share: lengths, stream, plan, workspace, the attention runner.
 // ------------------------------------------------------------------------------------------
@@ -206,7 +200,7 @@ class CudaCacheBase : public CudaKVCache {
     device_ = c.device;
     stream_ = c.stream;
     DeviceGuard g(device_.index);
-    n_sms_ = sm_count(device_.index);
+    n_sms_ = cuda::device_sms(device_.index);
     err_ = Tensor::zeros({1}, DType::I32, device_);
     chk_ = Tensor::zeros({2}, DType::I32, device_);  // [keys, values] range flags
     done_ = Tensor::zeros({1}, DType::I32, device_);

@@ -1341,13 +1341,6 @@ __global__ void advance_kernel(int32_t* seq_len, int32_t* res_count, int batch, 
   }
 }
 
-int device_sms() {
-  int dev = 0, sms = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  VQ_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  return sms;
-}
-
 template <int D, int SD, int SPL, int CS>
 void encode_t(const EncodeParams& p, cudaStream_t s) {
   constexpr int kNSub = D / SD, TPJ = 32 * SPL / kNSub;

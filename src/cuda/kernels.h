@@ -339,6 +339,9 @@ long long attn_wide_launches();
 /// (attention.cu): on 132 SMs 264 blocks yes (-2.6%), 265-396 no (the two-blocks kernel's last
 /// round runs single 8-warp blocks), 512 / 1024 / 2048 yes (-4 / -9 / -15%).
 bool attn_wide_pays(int64_t blocks, int64_t sms);
+/// Multiprocessors of device `dev` (the current device where dev < 0), cached per device: the
+/// launch rules of decode, prefill and encode.
+int device_sms(int dev = -1);
 /// Process-wide switch for the window-first order (default on, AttnParams::window_first):
 /// off, every launch attends its exact window rows after the coded tokens (A/B benchmarks,
 /// tests of both orders). Only the kernels with a ring too small to stage the window rows take

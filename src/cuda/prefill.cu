@@ -226,19 +226,6 @@ int64_t exact_blocks(const AttnParams& p) {
   constexpr int kRows = PrefillExactTraits<128, 64>::kRows;  // every instantiation's
   return int64_t(p.n_kv_heads) * p.batch * ((rows + kRows - 1) / kRows);
 }
-/// Multiprocessors of the current device (cached per device).
-int64_t current_device_sms() {
-  static std::atomic<int> cache[64] = {};
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  if (dev < 0 || dev >= 64) return 0;
-  int n = cache[dev].load();
-  if (n == 0) {
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
-    cache[dev].store(n);
-  }
-  return n;
-}
 
 template <int D, int TILE>
 void exact_launch(const AttnParams& p, cudaStream_t s) {
@@ -305,7 +292,7 @@ void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
     int splits = forced != 0 ? forced : 1;
     bool use = exact != kExactAuto || forced != 0;
     if (!use) {
-      const int64_t blocks = exact_blocks(p), sms = current_device_sms();
+      const int64_t blocks = exact_blocks(p), sms = device_sms();
       use = prefill_exact_pays(blocks, sms);
       if (!use) splits = prefill_exact_split_plan(blocks, sms, p.prefill_tokens);
     }

@@ -118,10 +118,8 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnPara
   // ---- lengths and this block's visible tokens ----------------------------------------------
   const int L = p.seq_len[b] + p.n_new;
   auto bounds = [&](int gr, int& lo, int& hi) { row_bounds(p, gr, rows_total, G, L, lo, hi); };
-  const int last_row = min(row0 + T::kRows, rows_total) - 1;
   int lo_u, hi_min, lo_max, hi_u;
-  bounds(row0, lo_u, hi_min);  // a row's bounds never decrease with the row
-  bounds(last_row, lo_max, hi_u);
+  block_span(p, row0, T::kRows, rows_total, G, L, lo_u, hi_min, lo_max, hi_u);
   const int wA = max(lo_u, 0), wB = min(hi_u, L);
   const int n_tiles = wB > wA ? (wB - wA + T::kTile - 1) / T::kTile : 0;
   const int t_lo = SPLIT ? int(int64_t(n_tiles) * share / p.n_splits) : 0;

@@ -161,10 +161,8 @@ __global__ void __launch_bounds__(32 * W, 8 / W) vq_prefill_kernel(const AttnPar
   rc = max(0, min(rc, L));
   const int n_code = L - rc;
   auto bounds = [&](int gr, int& lo, int& hi) { row_bounds(p, gr, rows_total, G, L, lo, hi); };
-  const int last_row = min(row0 + T::kRows, rows_total) - 1;
   int lo_u, hi_min, lo_max, hi_u;
-  bounds(row0, lo_u, hi_min);  // a row's bounds never decrease with the row
-  bounds(last_row, lo_max, hi_u);
+  block_span(p, row0, T::kRows, rows_total, G, L, lo_u, hi_min, lo_max, hi_u);
   const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
   const int wA = max(lo_u, n_code), wB = min(hi_u, L);
   const bool has_code = cB > cA && p.k_codes != nullptr;

@@ -35,6 +35,16 @@ __device__ __forceinline__ void row_bounds(const AttnParams& p, int gr, int rows
   }
 }
 
+/// The tokens a block of query rows row0 .. row0 + rows - 1 may see, from its first and last
+/// live rows (a row's bounds never decrease with the row): the first row's [lo_first, hi_first)
+/// and the last's [lo_last, hi_last); hi_first is the least upper bound, lo_last the greatest
+/// lower one.
+__device__ __forceinline__ void block_span(const AttnParams& p, int row0, int rows, int rows_total, int G, int L,
+                                           int& lo_first, int& hi_first, int& lo_last, int& hi_last) {
+  row_bounds(p, row0, rows_total, G, L, lo_first, hi_first);
+  row_bounds(p, min(row0 + rows, rows_total) - 1, rows_total, G, L, lo_last, hi_last);
+}
+
 /// Exact rows j0 .. j0 + n - 1 of one (sequence, kv head) (kwin / vwin: its [win_cap, D] rows;
 /// token pos at slot pos, or pos % win_cap in a ring) into the K / V tiles sk / sv (kTile rows of
 /// kStride halves) by cp.async, one commit group; rows n .. kTile - 1 get zeros, a finite filler
