@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -62,15 +63,25 @@ class CudaDecoder {
   virtual void set_rope_table(const std::vector<float>& cos, const std::vector<float>& sin,
                               int64_t n_positions) = 0;
   virtual int64_t rope_positions() const = 0;
+  /// Called once per layer with the post-RoPE keys and the values of the new tokens, k, v
+  /// [n, n_kv_heads, head_dim] f32 on the host (valid during the call only); the runtime's
+  /// KVObserver (runtime/model.h) has this signature.
+  using LayerObserver = std::function<void(int layer, const float* k, const float* v, int64_t n)>;
+
   /// Runs tokens [n] at positions start .. start+n−1 through every layer, attending through
   /// caches (one per layer: CUDA caches on this device — update + fused_sdpa on device tensors —
   /// or CPU caches — q/k/v copied to the host and back; fetch_path: for CPU caches, use
-  /// update_and_fetch + attention_cpu instead of update + fused_sdpa). Returns logits [n_out,
-  /// vocab] on the host (n_out = n with all_logits, else 1). On an exception, caches already
-  /// updated by this call are trimmed back.
+  /// update_and_fetch + attention_cpu instead of update + fused_sdpa). With no caches at all
+  /// (`caches` empty), the pass is cache-less as Model::forward_nocache: each layer attends
+  /// causally over the new tokens' own K/V, rounded through `nocache_kv_dtype` (F32: exact), on
+  /// the host (attention_cpu). `observer` (may be empty) sees every layer's K/V before they are
+  /// stored or rounded. Returns logits [n_out, vocab] on the host (n_out = n with all_logits,
+  /// else 1). On an exception (the observer's included), caches already updated by this call
+  /// are trimmed back.
   virtual std::vector<float> forward(const int32_t* tokens, int64_t n, int64_t start,
                                      const std::vector<KVCache*>& caches, const std::vector<bool>& fetch_path,
-                                     const SdpaParams& params, bool all_logits) = 0;
+                                     const SdpaParams& params, bool all_logits, DType nocache_kv_dtype,
+                                     const LayerObserver& observer) = 0;
   /// Bytes of device memory the weights take.
   virtual int64_t weight_bytes() const = 0;
 };

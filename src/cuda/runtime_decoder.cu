@@ -171,6 +171,15 @@ __global__ void round_kernel(const float* x, void* out, DType dt, int64_t n) {
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
+// Model::forward_nocache's rounding of K/V through the storage dtype (F32: unchanged).
+void round_through(std::vector<float>& x, DType t) {
+  if (t == DType::F16) {
+    for (float& e : x) e = round_to_half(e);
+  } else if (t == DType::BF16) {
+    for (float& e : x) e = bf16_to_float(float_to_bf16(e));
+  }
+}
+
 void check_launch(const char* what) {
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) VQ_THROW(CudaError, "runtime forward: launching " << what << " failed: " << cudaGetErrorString(e));
@@ -288,15 +297,18 @@ class CudaDecoderImpl final : public CudaDecoder {
   }
 
   std::vector<float> forward(const int32_t* tokens, int64_t T, int64_t start, const std::vector<KVCache*>& caches,
-                             const std::vector<bool>& fetch_path, const SdpaParams& sp, bool all_logits) override {
+                             const std::vector<bool>& fetch_path, const SdpaParams& sp, bool all_logits,
+                             DType nocache_kv_dtype, const LayerObserver& observer) override {
     const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim, I = d_.intermediate;
     const int n_layers = int(layers_.size());
+    const bool nocache = caches.empty();
     VQ_CHECK_VALUE(T > 0, "CUDA forward: no tokens");
-    VQ_CHECK_VALUE(int64_t(caches.size()) == n_layers && fetch_path.size() == caches.size(),
+    VQ_CHECK_VALUE((nocache || int64_t(caches.size()) == n_layers) && fetch_path.size() == caches.size(),
                    "CUDA forward: expected " << n_layers << " caches (one per layer), got " << caches.size());
+    VQ_CHECK_VALUE(!nocache || start == 0, "CUDA forward: a cache-less pass starts at position 0, got " << start);
     VQ_CHECK_VALUE(start + T <= rope_n_, "CUDA forward: positions up to " << start + T << " but the RoPE table holds "
                                                                            << rope_n_);
-    for (int l = 0; l < n_layers; ++l) {
+    for (int l = 0; l < int(caches.size()); ++l) {
       const Device cd = caches[size_t(l)]->config().device;
       VQ_CHECK_VALUE(cd.is_cpu() || cd == d_.device, "CUDA forward: the cache of layer "
                                                          << l << " lives on " << device_name(cd)
@@ -334,21 +346,41 @@ class CudaDecoderImpl final : public CudaDecoder {
         rope(k, T, int(nkv), start);
         (void)eps;
 
-        KVCache& cache = *caches[size_t(l)];
-        if (cache.config().device.is_cuda()) {
+        const Device cpu = Device::cpu();
+        auto to_host = [&](std::vector<float>& dst, const float* src, int64_t heads) {
+          dst.resize(size_t(T * heads * hd));
+          VQ_CUDA_CHECK(cudaMemcpy(dst.data(), src, dst.size() * 4, cudaMemcpyDeviceToHost));
+        };
+        if (observer) {  // before the K/V are stored or rounded, as the CPU pass calls it
+          to_host(hk_, k, nkv);
+          to_host(hv_, v, nkv);
+          observer(l, hk_.data(), hv_.data(), T);
+        }
+        if (nocache) {
+          // Model::forward_nocache on the host: this window's own K/V, rounded as asked.
+          to_host(hq_, q, nh);
+          if (!observer) {
+            to_host(hk_, k, nkv);
+            to_host(hv_, v, nkv);
+          }
+          round_through(hk_, nocache_kv_dtype);
+          round_through(hv_, nocache_kv_dtype);
+          ho_.resize(size_t(T * nh * hd));
+          attention_cpu(heads_view(hq_.data(), nh, cpu), heads_view(hk_.data(), nkv, cpu),
+                        heads_view(hv_.data(), nkv, cpu), heads_view(ho_.data(), nh, cpu), sp);
+          VQ_CUDA_CHECK(cudaMemcpy(att, ho_.data(), ho_.size() * 4, cudaMemcpyHostToDevice));
+        } else if (KVCache& cache = *caches[size_t(l)]; cache.config().device.is_cuda()) {
           cache.update(heads_view(k, nkv, dev), heads_view(v, nkv, dev));
           ++layers_updated;
           cache.fused_sdpa_into(heads_view(q, nh, dev), heads_view(att, nh, dev), sp);
         } else {
           // CPU cache: the host does attention (as model.cpp) on copies of q/k/v.
-          hq_.resize(size_t(T * nh * hd));
-          hk_.resize(size_t(T * nkv * hd));
-          hv_.resize(size_t(T * nkv * hd));
+          to_host(hq_, q, nh);
+          if (!observer) {
+            to_host(hk_, k, nkv);
+            to_host(hv_, v, nkv);
+          }
           ho_.resize(size_t(T * nh * hd));
-          VQ_CUDA_CHECK(cudaMemcpy(hq_.data(), q, hq_.size() * 4, cudaMemcpyDeviceToHost));
-          VQ_CUDA_CHECK(cudaMemcpy(hk_.data(), k, hk_.size() * 4, cudaMemcpyDeviceToHost));
-          VQ_CUDA_CHECK(cudaMemcpy(hv_.data(), v, hv_.size() * 4, cudaMemcpyDeviceToHost));
-          const Device cpu = Device::cpu();
           const TensorView qv = heads_view(hq_.data(), nh, cpu), kv = heads_view(hk_.data(), nkv, cpu);
           const TensorView vv = heads_view(hv_.data(), nkv, cpu), ov = heads_view(ho_.data(), nh, cpu);
           if (!fetch_path[size_t(l)]) {

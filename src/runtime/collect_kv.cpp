@@ -22,6 +22,15 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
     keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + n * row);
     values[size_t(layer)].insert(values[size_t(layer)].end(), v, v + n * row);
   };
+  // Tokens the loop below will collect: every window adds its text and its BOS, up to the cap.
+  int64_t total = 0;
+  for (int64_t pos = 0; pos < n_text;) {
+    const int64_t room = cap - total - bos;
+    if (room <= 0) break;
+    const int64_t len = std::min({text_per_window, n_text - pos, room});
+    total += len + bos;
+    pos += len;
+  }
   std::vector<int32_t> win;
   int64_t collected = 0;
   for (int64_t pos = 0; pos < n_text;) {
@@ -31,11 +40,22 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
     win.clear();
     if (params.bos) win.push_back(*params.bos);
     win.insert(win.end(), tokens.begin() + pos, tokens.begin() + pos + len);
-    model.forward_nocache(win, DType::F32, /*all_logits=*/false, observer);
+    if (params.forward_nocache)
+      params.forward_nocache(win, DType::F32, /*all_logits=*/false, observer);
+    else
+      model.forward_nocache(win, DType::F32, /*all_logits=*/false, observer);
     collected += int64_t(win.size());
     pos += len;
+    if (params.on_window) params.on_window(collected, total);
   }
   VQ_CHECK_VALUE(collected > 0, "collect_kv_samples: max_tokens " << params.max_tokens << " leaves no room for a token");
+
+  for (int l = 0; l < c.n_layers; ++l)
+    VQ_CHECK_VALUE(int64_t(keys[size_t(l)].size()) == collected * row && int64_t(values[size_t(l)].size()) == collected * row,
+                   "collect_kv_samples: the forward pass reported K/V of "
+                       << keys[size_t(l)].size() / size_t(row) << " / " << values[size_t(l)].size() / size_t(row)
+                       << " tokens for layer " << l << ", expected " << collected << " (one observer call per layer "
+                       << "and window)");
 
   KVSamples s;
   s.n_layers = c.n_layers;

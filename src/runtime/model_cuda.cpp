@@ -99,12 +99,20 @@ void CudaModel::ensure_rope(int64_t n) const {
   dec_->set_rope_table(t.cos, t.sin, n);
 }
 
+namespace {
+void check_tokens(std::span<const int32_t> tokens, int vocab) {
+  for (size_t t = 0; t < tokens.size(); ++t)
+    VQ_CHECK_VALUE(tokens[t] >= 0 && tokens[t] < vocab, "forward: token id " << tokens[t] << " at index " << t
+                                                                              << " is outside the vocabulary [0, "
+                                                                              << vocab << ")");
+}
+}  // namespace
+
 std::vector<float> CudaModel::forward(std::span<const int32_t> tokens, LayerCaches& caches,
                                       const ForwardOptions& options) const {
   const ModelConfig& c = model_.config();
   const int64_t T = int64_t(tokens.size());
   VQ_CHECK_VALUE(T > 0, "forward: no tokens");
-  VQ_CHECK_VALUE(!options.observer, "CudaModel::forward: a KV observer is not supported on the device");
   VQ_CHECK_VALUE(int64_t(caches.size()) == c.n_layers,
                  "forward: expected " << c.n_layers << " caches (one per layer), got " << caches.size());
   std::vector<KVCache*> raw;
@@ -117,13 +125,22 @@ std::vector<float> CudaModel::forward(std::span<const int32_t> tokens, LayerCach
     raw.push_back(caches[i].get());
     fetch.push_back(resolve_fetch(options.path, *caches[i]));
   }
-  for (int64_t t = 0; t < T; ++t)
-    VQ_CHECK_VALUE(tokens[t] >= 0 && tokens[t] < c.vocab_size,
-                   "forward: token id " << tokens[t] << " at index " << t << " is outside the vocabulary [0, "
-                                        << c.vocab_size << ")");
+  check_tokens(tokens, c.vocab_size);
   const int64_t start = caches[0]->offset();
   ensure_rope(start + T);
-  return dec_->forward(tokens.data(), T, start, raw, fetch, model_.sdpa_params(), options.all_logits);
+  return dec_->forward(tokens.data(), T, start, raw, fetch, model_.sdpa_params(), options.all_logits, DType::F32,
+                       options.observer);
+}
+
+std::vector<float> CudaModel::forward_nocache(std::span<const int32_t> tokens, DType kv_dtype, bool all_logits,
+                                              const KVObserver& observer) const {
+  VQ_CHECK_VALUE(!tokens.empty(), "forward_nocache: no tokens");
+  VQ_CHECK_VALUE(kv_dtype == DType::F32 || kv_dtype == DType::F16 || kv_dtype == DType::BF16,
+                 "forward_nocache: kv_dtype must be f32, f16 or bf16, got " << dtype_name(kv_dtype));
+  check_tokens(tokens, model_.config().vocab_size);
+  const int64_t T = int64_t(tokens.size());
+  ensure_rope(T);
+  return dec_->forward(tokens.data(), T, 0, {}, {}, model_.sdpa_params(), all_logits, kv_dtype, observer);
 }
 
 LayerCaches CudaModel::make_caches(const CacheOptions& options) const {

@@ -39,8 +39,10 @@ PerplexityResult perplexity(const Model& model, LayerCaches& caches, std::span<c
     // Logits of position i predict token i+1; the first window token (bos or text) is context only.
     for (int64_t i = 0; i < L - 1; i += params.chunk) {
       const int64_t len = std::min(params.chunk, L - 1 - i);
-      const std::vector<float> logits =
-          model.forward(std::span<const int32_t>(win.data() + i, size_t(len)), caches, fo);
+      const std::span<const int32_t> part(win.data() + i, size_t(len));
+      const std::vector<float> logits = params.forward ? params.forward(part, caches, fo) : model.forward(part, caches, fo);
+      VQ_CHECK_VALUE(int64_t(logits.size()) == len * V, "perplexity: the forward pass returned " << logits.size()
+                                                             << " logits for " << len << " tokens of vocabulary " << V);
       for (int64_t j = 0; j < len; ++j) {
         const float* l = logits.data() + j * V;
         const int32_t target = win[size_t(i + j + 1)];
@@ -55,6 +57,10 @@ PerplexityResult perplexity(const Model& model, LayerCaches& caches, std::span<c
     r.kv_bytes_peak = std::max(r.kv_bytes_peak, caches_nbytes(caches));
     r.kv_fp16_bytes = model.fp16_kv_bytes(caches[0]->offset());
     ++r.n_windows;
+    if (params.on_window) {
+      r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      params.on_window(r.n_windows, n_windows, r);
+    }
   }
   trim_caches(caches, caches[0]->offset());
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

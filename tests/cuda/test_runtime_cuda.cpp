@@ -49,6 +49,7 @@
 #include "runtime/tiny_checkpoint.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
+#include "veloxquant/runtime/generate.h"
 #include "veloxquant/runtime/model.h"
 #include "veloxquant/runtime/model_cuda.h"
 
@@ -294,6 +295,153 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   EXPECT_EQ(dev[0]->offset(), n);
 }
 
+// ---- cache-less passes, the KV observer, perplexity and calibration samples on the device ---
+
+namespace {
+struct ObservedKV {
+  std::vector<std::vector<float>> k, v;
+  KVObserver observer(int64_t row) {
+    return [this, row](int layer, const float* kp, const float* vp, int64_t n) {
+      if (size_t(layer) >= k.size()) k.resize(size_t(layer) + 1), v.resize(size_t(layer) + 1);
+      k[size_t(layer)].assign(kp, kp + n * row);
+      v[size_t(layer)].assign(vp, vp + n * row);
+    };
+  }
+};
+}  // namespace
+
+// CudaModel::forward_nocache against Model::forward_nocache (f32 weights; both attend on the
+// host over the window's own K/V, so only the products' summation order differs), for exact and
+// fp16-rounded K/V; the observer's K/V against the CPU's. Then the observer inside a cached
+// forward on device caches: layer 0's K/V are the cache-less pass's bit for bit (the same
+// device ops before any attention), later layers differ by the device cache's attention only.
+TEST_P(CudaRuntimeDeviceCache, CachelessPassAndObserverMatchTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64(GetParam()));
+  const ModelConfig& c = model->config();
+  const int64_t n = 40, V = c.vocab_size, row = int64_t(c.n_kv_heads) * c.head_dim;
+  const auto tokens = random_tokens(n, int(V), 9100 + std::hash<std::string>{}(GetParam()) % 100);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  ObservedKV gpu_nc;
+  for (DType dt : {DType::F32, DType::F16}) {
+    ObservedKV cpu_kv, gpu_kv;
+    const std::vector<float> cpu = model->forward_nocache(tokens, dt, true, cpu_kv.observer(row));
+    const std::vector<float> gpu = gm->forward_nocache(tokens, dt, true, gpu_kv.observer(row));
+    ASSERT_EQ(gpu.size(), cpu.size());
+    ASSERT_EQ(gpu_kv.k.size(), size_t(c.n_layers));
+    const ErrStats e = compare_rows(gpu, cpu, V, n);
+    double kv_rel = 0;
+    for (int l = 0; l < c.n_layers; ++l) {
+      kv_rel = std::max(kv_rel, compare_rows(gpu_kv.k[size_t(l)], cpu_kv.k[size_t(l)], row, n).max_rel);
+      kv_rel = std::max(kv_rel, compare_rows(gpu_kv.v[size_t(l)], cpu_kv.v[size_t(l)], row, n).max_rel);
+    }
+    std::printf("[cuda forward] %s hd64, cache-less pass (%s K/V): logits vs CPU max_rel %.2e, observed K/V %.2e\n",
+                GetParam().c_str(), dtype_name(dt), e.max_rel, kv_rel);
+    EXPECT_LE(e.max_rel, kMaxRelF32) << dtype_name(dt);
+    EXPECT_LE(kv_rel, kMaxRelF32) << dtype_name(dt);
+    EXPECT_EQ(vqtest::argmax_row(gpu, V, n - 1), vqtest::argmax_row(cpu, V, n - 1));
+    if (dt == DType::F32) gpu_nc = gpu_kv;
+  }
+  LayerCaches dev = gm->make_caches(fp16_options());
+  ObservedKV cached;
+  ForwardOptions fo;
+  fo.observer = cached.observer(row);
+  gm->forward(tokens, dev, fo);
+  EXPECT_EQ(dev[0]->offset(), n);
+  ASSERT_EQ(cached.k.size(), size_t(c.n_layers));
+  EXPECT_EQ(cached.k[0], gpu_nc.k[0]);
+  EXPECT_EQ(cached.v[0], gpu_nc.v[0]);
+  for (int l = 1; l < c.n_layers; ++l)
+    EXPECT_LE(compare_rows(cached.k[size_t(l)], gpu_nc.k[size_t(l)], row, n).max_rel, kMaxRelDeviceCache) << l;
+}
+
+// perplexity through CudaModel::forward and device caches against the CPU's: two windows (the
+// caches trimmed back between them), chunks of 24 tokens (the caches' prefill path) and 15 (the
+// decode kernels' 16-row limit). fp16: |ln(ppl ratio)| ≤ 5e-3 (the mean NLL moves by at most
+// twice the largest logit error, ~3e-3 in the tests above); VecInfer: ≤ 5e-2 (logit errors up
+// to ~3.4e-2 between the device and CPU VecInfer caches).
+TEST_P(CudaRuntimeDeviceCache, PerplexityOnTheDeviceMatchesTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64(GetParam()));
+  const auto tokens = random_tokens(130, model->config().vocab_size, 9200 + std::hash<std::string>{}(GetParam()) % 100);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  PerplexityParams pp;
+  pp.ctx = 64;
+  pp.chunk = 24;
+  CacheOptions vq;
+  vq.kind = CacheKind::VecInfer;
+  vq.mode = CacheMode::MemoryBound;
+  vq.residual_length = 16;
+  vq.seed = 5;
+  vq.n_threads = 2;
+  double cpu_ppl[2] = {0, 0};
+  for (int which = 0; which < 2; ++which) {
+    const CacheOptions o = which == 0 ? fp16_options() : vq;
+    LayerCaches cpu_caches = make_caches(*model, o);
+    const PerplexityResult cpu = perplexity(*model, cpu_caches, tokens, pp);
+    PerplexityParams dp = pp;
+    int calls = 0;
+    dp.forward = [&](std::span<const int32_t> t, LayerCaches& cs, const ForwardOptions& fo) {
+      ++calls;
+      return gm->forward(t, cs, fo);
+    };
+    LayerCaches dev = gm->make_caches(o);
+    ASSERT_TRUE(dev[0]->config().device.is_cuda());
+    const PerplexityResult gpu = perplexity(*model, dev, tokens, dp);
+    cpu_ppl[which] = cpu.ppl();
+    const double log_ratio = std::log(gpu.ppl() / cpu.ppl());
+    std::printf("[cuda forward] %s hd64, perplexity (%s cache): device %.5f, CPU %.5f (ln ratio %+.2e)\n",
+                GetParam().c_str(), which == 0 ? "fp16" : "VecInfer d4b12/d8b8", gpu.ppl(), cpu.ppl(), log_ratio);
+    if (which == 1)
+      std::printf("[cuda forward] %s hd64, perplexity: CPU VecInfer vs CPU fp16 ln ratio %+.2e (the codes' effect)\n",
+                  GetParam().c_str(), std::log(cpu_ppl[1] / cpu_ppl[0]));
+    EXPECT_EQ(calls, 2 * 3);
+    EXPECT_EQ(gpu.n_windows, 2);
+    EXPECT_EQ(gpu.n_scored, cpu.n_scored);
+    EXPECT_EQ(dev[0]->offset(), 0);
+    EXPECT_LE(std::fabs(log_ratio), which == 0 ? 5e-3 : 5e-2);
+    EXPECT_GT(gpu.kv_bytes_peak, 0);
+  }
+}
+
+// calibration samples collected through CudaModel::forward_nocache against the CPU's, with BOS
+// windows and a token cap.
+TEST_P(CudaRuntimeDeviceCache, CollectedSamplesOnTheDeviceMatchTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const auto model = load_model(write_hd64(GetParam()));
+  const ModelConfig& c = model->config();
+  const auto tokens = random_tokens(100, c.vocab_size, 9300 + std::hash<std::string>{}(GetParam()) % 100);
+  const auto gm = CudaModel::create(*model, CudaModelOptions{});  // f32 checkpoint: f32 weights either way
+  CollectParams cp;
+  cp.ctx = 32;
+  cp.bos = 1;
+  cp.max_tokens = 90;
+  const KVSamples cpu = collect_kv_samples(*model, tokens, cp);
+  int windows = 0;
+  cp.forward_nocache = [&](std::span<const int32_t> t, DType kv, bool all, const KVObserver& obs) {
+    ++windows;
+    return gm->forward_nocache(t, kv, all, obs);
+  };
+  const KVSamples gpu = collect_kv_samples(*model, tokens, cp);
+  EXPECT_EQ(windows, 3);  // [bos + 31] × 2 + [bos + 25]
+  ASSERT_EQ(gpu.max_tokens(), 90);
+  const int64_t row = int64_t(c.n_kv_heads) * c.head_dim;
+  double worst = 0;
+  for (int l = 0; l < c.n_layers; ++l) {
+    worst = std::max(worst, compare_rows(gpu.keys[size_t(l)].to_vector_f32(), cpu.keys[size_t(l)].to_vector_f32(),
+                                         row, 90).max_rel);
+    worst = std::max(worst, compare_rows(gpu.values[size_t(l)].to_vector_f32(),
+                                         cpu.values[size_t(l)].to_vector_f32(), row, 90).max_rel);
+  }
+  std::printf("[cuda forward] %s hd64, calibration samples on the device vs the CPU: max_rel %.2e\n",
+              GetParam().c_str(), worst);
+  EXPECT_LE(worst, kMaxRelF32);
+}
+
 INSTANTIATE_TEST_SUITE_P(Hd64, CudaRuntimeDeviceCache, ::testing::Values("llama", "qwen2", "qwen3"));
 
 // ---- errors ------------------------------------------------------------------------------
@@ -313,11 +461,22 @@ TEST(CudaRuntime, BadInputsThrowAndLeaveTheCachesUnchanged) {
   too_few.push_back(std::move(dev[0]));
   EXPECT_THROW(gm->forward(ok, too_few), ValueError);
   EXPECT_EQ(too_few[0]->offset(), 3);
+  // An observer that throws in layer 1 (after layer 0's cache took the tokens): the call fails
+  // with its exception and layer 0 is trimmed back.
   ForwardOptions fo;
-  fo.observer = [](int, const float*, const float*, int64_t) {};
+  int observed = 0;
+  fo.observer = [&](int layer, const float*, const float*, int64_t) {
+    ++observed;
+    if (layer == 1) throw IoError("observer of layer 1 failed");
+  };
   LayerCaches fresh = gm->make_caches(fp16_options());
-  EXPECT_THROW(gm->forward(ok, fresh, fo), ValueError);
+  EXPECT_THROW(gm->forward(ok, fresh, fo), IoError);
+  EXPECT_EQ(observed, 2);
   EXPECT_EQ(fresh[0]->offset(), 0);
+  EXPECT_EQ(fresh[1]->offset(), 0);
+  // The cache-less pass checks its inputs as forward does.
+  EXPECT_THROW(gm->forward_nocache(bad), ValueError);
+  EXPECT_THROW(gm->forward_nocache(ok, DType::U8), ValueError);
 }
 
 // The device caches check their inputs without a host round trip per layer inside a forward

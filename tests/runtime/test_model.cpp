@@ -266,6 +266,46 @@ TEST(RuntimeModel, CollectWindowsWithBosRespectMaxTokens) {
   EXPECT_THROW(collect_kv_samples(*m, toks, cp), ValueError);
 }
 
+// collect_kv_samples runs the cache-less pass it is given (CudaModel::forward_nocache on a
+// device) once a window, and reports every window; a pass that does not report K/V is refused.
+TEST(RuntimeModel, CollectRunsTheGivenPassAndReportsEachWindow) {
+  const auto m = load("tiny-llama");
+  const auto toks = random_tokens(40, m->config().vocab_size, 4);
+  CollectParams cp;
+  cp.ctx = 8;
+  cp.bos = 286;
+  cp.max_tokens = 30;  // [bos + 7] × 3 + [bos + 5]
+  const KVSamples want = collect_kv_samples(*m, toks, cp);
+  int calls = 0;
+  cp.forward_nocache = [&](std::span<const int32_t> t, DType kv, bool all, const KVObserver& obs) {
+    ++calls;
+    EXPECT_EQ(kv, DType::F32);
+    EXPECT_FALSE(all);
+    EXPECT_EQ(t[0], 286);
+    return m->forward_nocache(t, kv, all, obs);
+  };
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  cp.on_window = [&](int64_t collected, int64_t total) { seen.emplace_back(collected, total); };
+  const KVSamples got = collect_kv_samples(*m, toks, cp);
+  EXPECT_EQ(calls, 4);
+  const std::vector<std::pair<int64_t, int64_t>> expect = {{8, 30}, {16, 30}, {24, 30}, {30, 30}};
+  EXPECT_EQ(seen, expect);
+  ASSERT_EQ(got.n_layers, want.n_layers);
+  for (int l = 0; l < got.n_layers; ++l) {
+    EXPECT_EQ(got.keys[size_t(l)].to_vector_f32(), want.keys[size_t(l)].to_vector_f32()) << "layer " << l;
+    EXPECT_EQ(got.values[size_t(l)].to_vector_f32(), want.values[size_t(l)].to_vector_f32()) << "layer " << l;
+  }
+  cp.forward_nocache = [&](std::span<const int32_t> t, DType kv, bool all, const KVObserver&) {
+    return m->forward_nocache(t, kv, all);  // the observer never called
+  };
+  try {
+    collect_kv_samples(*m, toks, cp);
+    FAIL() << "no throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("K/V of 0 / 0 tokens for layer 0, expected 30"), std::string::npos) << e.what();
+  }
+}
+
 // ---- prompt cache --------------------------------------------------------------------------
 
 TEST(RuntimeModel, PromptCacheRoundTripGivesIdenticalContinuation) {
@@ -487,6 +527,55 @@ TEST(RuntimeModel, PerplexityEqualsNllFromRecomputedLogits) {
   // A uniform model would give ppl = V; a random-init model is near that, not far above.
   EXPECT_GT(r.ppl(), 1.0);
   EXPECT_LT(r.ppl(), 4.0 * V);
+}
+
+// perplexity runs the forward pass it is given (CudaModel::forward on a device) and reports
+// every window with the running result; a pass returning the wrong number of logits is refused.
+TEST(RuntimeModel, PerplexityRunsTheGivenPassAndReportsEachWindow) {
+  const auto m = load("tiny-qwen2");
+  const int V = m->config().vocab_size;
+  const auto toks = random_tokens(40, V, 21);
+  PerplexityParams pp;
+  pp.ctx = 20;
+  pp.chunk = 3;
+  CacheOptions co;
+  co.n_threads = 2;
+  LayerCaches caches = make_caches(*m, co);
+  const PerplexityResult want = perplexity(*m, caches, toks, pp);
+  int calls = 0;
+  pp.forward = [&](std::span<const int32_t> t, LayerCaches& c, const ForwardOptions& o) {
+    ++calls;
+    EXPECT_TRUE(o.all_logits);
+    EXPECT_LE(t.size(), 3u);
+    return m->forward(t, c, o);
+  };
+  struct Seen {
+    int64_t done, total, windows, scored;
+    bool operator==(const Seen&) const = default;
+  };
+  std::vector<Seen> seen;
+  pp.on_window = [&](int64_t done, int64_t total, const PerplexityResult& r) {
+    seen.push_back({done, total, r.n_windows, r.n_scored});
+    EXPECT_GT(r.nll_sum, 0.0);
+  };
+  const PerplexityResult got = perplexity(*m, caches, toks, pp);
+  EXPECT_EQ(calls, 2 * 7);  // 19 scored positions a window, 3 a call
+  const std::vector<Seen> expect = {{1, 2, 1, 19}, {2, 2, 2, 38}};
+  EXPECT_EQ(seen, expect);
+  EXPECT_EQ(got.n_scored, want.n_scored);
+  EXPECT_NEAR(got.nll_sum, want.nll_sum, 1e-9 * std::fabs(want.nll_sum));
+  EXPECT_EQ(caches[0]->offset(), 0);
+  pp.on_window = {};
+  pp.forward = [&](std::span<const int32_t> t, LayerCaches& c, const ForwardOptions&) {
+    return m->forward(t, c, ForwardOptions{});  // the last token's logits only
+  };
+  try {
+    perplexity(*m, caches, toks, pp);
+    FAIL() << "no throw";
+  } catch (const ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("returned " + std::to_string(V) + " logits for 3 tokens"), std::string::npos)
+        << e.what();
+  }
 }
 
 TEST(RuntimeModel, GreedyGenerateEqualsRecomputeAndTransformers) {

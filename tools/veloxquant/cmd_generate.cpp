@@ -39,11 +39,8 @@ struct GenerateArgs {
 int run_generate(const GenerateArgs& a) {
   using namespace veloxquant;
   using namespace veloxquant::runtime;
-  ModelArgs host_args = a.model;
-  host_args.device = "cpu";  // weights are read on the host; --device cuda uploads them once below
-  const auto model = load_model(host_args);
-  std::unique_ptr<CudaModel> cuda_model;
-  if (a.model.device == "cuda") cuda_model = CudaModel::create(*model);
+  const auto model = load_model(a.model);
+  const std::unique_ptr<CudaModel> cuda_model = device_model(a.model, *model);
   auto forward = [&](std::span<const int32_t> t, LayerCaches& c, const ForwardOptions& o) {
     return cuda_model ? cuda_model->forward(t, c, o) : model->forward(t, c, o);
   };
@@ -70,17 +67,7 @@ int run_generate(const GenerateArgs& a) {
       std::fprintf(stderr, "prompt cache: %zu tokens loaded from %s (%s)\n", pc.tokens.size(), a.prompt_cache.c_str(),
                    caches[0]->class_name().c_str());
   } else {
-    const CacheOptions co = cache_options(a.cache, a.model.threads);
-    if (cuda_model) {
-      try {
-        caches = cuda_model->make_caches(co);
-      } catch (const UnsupportedError& e) {  // e.g. a head_dim the device kernels do not compile
-        if (!a.quiet) std::fprintf(stderr, "cache: %s; attention runs on the host\n", e.what());
-        caches = make_caches(*model, co);
-      }
-    } else {
-      caches = make_caches(*model, co);
-    }
+    caches = layer_caches(cuda_model.get(), *model, cache_options(a.cache, a.model.threads), a.quiet);
   }
   VQ_CHECK_VALUE(!prompt.empty(), "the prompt encodes to no tokens");
 

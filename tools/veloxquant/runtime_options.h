@@ -1,5 +1,5 @@
-// runtime_options.h — the model and cache options shared by `generate`, `perplexity` (and the
-// `--model` input of `calibrate`): parsing into runtime::CacheOptions and loading.
+// runtime_options.h — the model and cache options shared by `generate` and `perplexity`:
+// parsing into runtime::CacheOptions, loading the model, its device copy and its caches.
 #pragma once
 
 #include <cstdio>
@@ -12,6 +12,7 @@
 
 #include "veloxquant/error.h"
 #include "veloxquant/runtime/model.h"
+#include "veloxquant/runtime/model_cuda.h"
 
 namespace vqcli {
 
@@ -70,20 +71,36 @@ inline void add_cache_options(CLI::App* app, CacheArgs& a) {
                 "without it they round the codebook per call)");
 }
 
-/// Commands other than `generate` run the forward pass on the CPU only: refuse --device cuda
-/// clearly there (`generate` loads the weights with device "cpu" and uploads them itself).
-inline void check_device(const ModelArgs& a) {
-  if (a.device == "cuda")
-    VQ_THROW(UnsupportedError,
-             "--device cuda: only `veloxquant generate` runs the model on the GPU in this version; "
-             "use --device cpu here");
-}
-
+/// Loads the model's weights on the host (mapped from the checkpoint); `--device cuda` then
+/// uploads them once with device_model().
 inline std::unique_ptr<veloxquant::runtime::Model> load_model(const ModelArgs& a) {
-  check_device(a);
   veloxquant::runtime::ModelOptions mo;
   mo.n_threads = a.threads;
   return veloxquant::runtime::Model::load(a.model_dir, mo);
+}
+
+/// `--device cuda`: the model's forward pass on the GPU (weights uploaded once); null for cpu.
+/// Throws CudaError without CUDA in the build or without a visible device.
+inline std::unique_ptr<veloxquant::runtime::CudaModel> device_model(const ModelArgs& a,
+                                                                    const veloxquant::runtime::Model& model) {
+  if (a.device != "cuda") return nullptr;
+  return veloxquant::runtime::CudaModel::create(model);
+}
+
+/// The per-layer caches for `co`: device-resident ones with a device model, else (or where the
+/// device kernels do not compile the shape, e.g. a head_dim they lack, said on stderr unless
+/// quiet) CPU caches, which the device forward pass also accepts.
+inline veloxquant::runtime::LayerCaches layer_caches(const veloxquant::runtime::CudaModel* cuda_model,
+                                                     const veloxquant::runtime::Model& model,
+                                                     const veloxquant::runtime::CacheOptions& co, bool quiet) {
+  if (cuda_model) {
+    try {
+      return cuda_model->make_caches(co);
+    } catch (const veloxquant::UnsupportedError& e) {
+      if (!quiet) std::fprintf(stderr, "cache: %s; attention runs on the host\n", e.what());
+    }
+  }
+  return veloxquant::runtime::make_caches(model, co);
 }
 
 inline veloxquant::runtime::CacheOptions cache_options(const CacheArgs& a, int threads) {

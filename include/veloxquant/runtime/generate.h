@@ -17,6 +17,13 @@ namespace veloxquant::runtime {
 
 class Tokenizer;
 
+/// A forward pass with Model::forward's contract; CudaModel::forward (model_cuda.h) is another.
+using ForwardFn = std::function<std::vector<float>(std::span<const int32_t>, LayerCaches&, const ForwardOptions&)>;
+/// A cache-less forward pass with Model::forward_nocache's contract (tokens, kv_dtype,
+/// all_logits, observer); CudaModel::forward_nocache is another.
+using ForwardNocacheFn =
+    std::function<std::vector<float>(std::span<const int32_t>, DType, bool, const KVObserver&)>;
+
 struct GenerateParams {
   int max_tokens = 256;                   ///< new tokens at most
   SamplerParams sampler;                  ///< greedy by default
@@ -26,7 +33,7 @@ struct GenerateParams {
   AttentionPath path = AttentionPath::Auto;
   /// The forward pass to run; empty: model.forward. Another implementation of the same contract
   /// (e.g. CudaModel::forward, model_cuda.h) generates on a device.
-  std::function<std::vector<float>(std::span<const int32_t>, LayerCaches&, const ForwardOptions&)> forward;
+  ForwardFn forward;
 };
 
 struct GenerateStats {
@@ -65,14 +72,6 @@ GenerateResult generate(const Model& model, LayerCaches& caches, std::span<const
 
 // ---- perplexity ----------------------------------------------------------------------------
 
-struct PerplexityParams {
-  int64_t ctx = 512;          ///< window length in tokens (non-overlapping windows)
-  int64_t chunk = 1;          ///< tokens per forward call inside a window (1: decode-exact)
-  int64_t max_windows = 0;    ///< 0: all complete windows
-  std::optional<int32_t> bos; ///< prepended to each window and not scored, if set
-  AttentionPath path = AttentionPath::Auto;
-};
-
 struct PerplexityResult {
   double nll_sum = 0;         ///< Σ −log p(token | context), natural log
   int64_t n_scored = 0;       ///< tokens scored
@@ -81,6 +80,19 @@ struct PerplexityResult {
   double ppl() const;
   int64_t kv_bytes_peak = 0;  ///< bytes the caches held at the end of a full window
   int64_t kv_fp16_bytes = 0;  ///< fp16 K/V of a full window
+};
+
+struct PerplexityParams {
+  int64_t ctx = 512;          ///< window length in tokens (non-overlapping windows)
+  int64_t chunk = 1;          ///< tokens per forward call inside a window (1: decode-exact)
+  int64_t max_windows = 0;    ///< 0: all complete windows
+  std::optional<int32_t> bos; ///< prepended to each window and not scored, if set
+  AttentionPath path = AttentionPath::Auto;
+  /// The forward pass to run; empty: model.forward (CudaModel::forward scores on a device).
+  ForwardFn forward;
+  /// Called after every window with the windows done, the windows in all and the running
+  /// result (progress bars); may be empty.
+  std::function<void(int64_t done, int64_t total, const PerplexityResult& so_far)> on_window;
 };
 
 /// Scores `tokens` in windows of params.ctx tokens with fresh caches per window (trimmed
@@ -95,6 +107,12 @@ struct CollectParams {
   int64_t ctx = 512;           ///< tokens per forward pass (positions restart at 0 per window)
   int64_t max_tokens = 0;      ///< collect at most this many tokens, BOS included (0: all)
   std::optional<int32_t> bos;  ///< prepended to each window if set (its K/V are collected too)
+  /// The cache-less forward pass to run per window; empty: model.forward_nocache
+  /// (CudaModel::forward_nocache runs the products on a device).
+  ForwardNocacheFn forward_nocache;
+  /// Called after every window with the tokens collected so far and the most that will be
+  /// (progress bars); may be empty.
+  std::function<void(int64_t collected, int64_t total)> on_window;
 };
 
 /// Post-RoPE keys and the values of every layer, as the caches would receive them, from a

@@ -52,10 +52,18 @@ class CudaModel {
   /// As Model::forward: runs `tokens` at positions caches[0]->offset() .., appends their K/V to
   /// the caches and returns logits [n_out, vocab] on the host. Caches are device caches of
   /// this device or CPU caches. options.path picks Fetch or Fused for CPU caches as the CPU
-  /// forward does; device caches always use update + fused_sdpa; options.observer is not
-  /// supported (ValueError). On an exception the caches are left as they were.
+  /// forward does; device caches always use update + fused_sdpa. options.observer sees each
+  /// layer's post-RoPE K/V on the host (one device-to-host copy per layer when set). On an
+  /// exception the caches are left as they were.
   std::vector<float> forward(std::span<const int32_t> tokens, LayerCaches& caches,
                              const ForwardOptions& options = {}) const;
+
+  /// As Model::forward_nocache: `tokens` at positions 0 .. n−1 without caches, each layer
+  /// attending causally over the tokens' own K/V rounded through kv_dtype (F32: exact). The
+  /// products run on the device; attention runs on the host (attention_cpu, as the CPU pass),
+  /// which is what calibration's collection (collect_kv_samples) needs: exact f32 K/V.
+  std::vector<float> forward_nocache(std::span<const int32_t> tokens, DType kv_dtype = DType::F32,
+                                     bool all_logits = true, const KVObserver& observer = {}) const;
 
   /// Device-resident caches (one per layer) for `options` on this model's device (random
   /// codebooks, or the artifact's with options.artifact_path, as runtime::make_caches).
