@@ -211,7 +211,9 @@ TEST(Cli, PerplexityAndModelCalibrationOnEitherDevice) {
     EXPECT_NE(gpu.out.find("on cuda:0"), std::string::npos) << gpu.out;
     EXPECT_NE(gpu.out.find("attention runs on the host"), std::string::npos) << gpu.out;
     // bf16 weights: the device rounds activations to bf16 before each product, the CPU does not
-    EXPECT_NEAR(ppl_of(gpu.out, "fp16     "), cpu_ppl, 0.05 * cpu_ppl) << gpu.out;
+    // (logits up to ~6% of a row's scale apart: tests/cuda's kMaxRelHalf); a broken pass on this
+    // near-uniform random model lands farther (uniform logits: ppl = vocab 288 against ~480)
+    EXPECT_NEAR(ppl_of(gpu.out, "fp16     "), cpu_ppl, 0.1 * cpu_ppl) << gpu.out;
     ASSERT_EQ(gcal.status, 0) << gcal.out;
     EXPECT_EQ(Artifact::load(dir + "/gpu.safetensors").calib_tokens, 200);
   } else {
