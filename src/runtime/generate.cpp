@@ -74,6 +74,7 @@ GenerateResult generate(const Model& model, LayerCaches& caches, std::span<const
   for (int64_t i = cached; i < n; i += params.prefill_chunk) {
     const int64_t len = std::min<int64_t>(params.prefill_chunk, n - i);
     logits = forward(prompt.subspan(size_t(i), size_t(len)));
+    if (params.on_prefill) params.on_prefill(i + len - cached, n - cached);
   }
   st.prefill_seconds = seconds_since(t_prefill);
 

@@ -173,10 +173,10 @@ TEST(Cli, BenchColdFlushesBeforeEveryCall) {
   EXPECT_NE(gpu.out.find("--cold flushes the CPU's last-level cache"), std::string::npos) << gpu.out;
 }
 
-// `perplexity` and `calibrate --model` on the committed test checkpoint, with progress; with
-// `--device cuda` both run on a GPU where one is visible (the checkpoint's head_dim 16 has no
-// device cache kernel, so attention goes to the host, said on stderr) and else fail with a
-// message naming CUDA (no device, or a build without CUDA).
+// `perplexity`, `generate` and `calibrate --model` on the committed test checkpoint, with
+// progress bars; with `--device cuda`, perplexity and calibration run on a GPU where one is
+// visible (the checkpoint's head_dim 16 has no device cache kernel, so attention goes to the
+// host, said on stderr) and else fail with a message naming CUDA (no device, or no CUDA build).
 TEST(Cli, PerplexityAndModelCalibrationOnEitherDevice) {
   REQUIRE_CLI();
   if (run("perplexity --help").status != 0) GTEST_SKIP() << "built without the runtime (VQ_BUILD_RUNTIME=OFF)";
@@ -197,6 +197,14 @@ TEST(Cli, PerplexityAndModelCalibrationOnEitherDevice) {
   EXPECT_NE(cpu.out.find("3 windows, ppl "), std::string::npos) << cpu.out;  // the progress bar's last status
   const double cpu_ppl = ppl_of(cpu.out, "fp16     ");
   EXPECT_GT(cpu_ppl, 1.0) << cpu.out;
+  // generate's prefill bar: a prompt of several chunks, --progress (stderr is not a terminal here)
+  const CliRun gen = run("generate --model " + model + " --prompt-file " + text + " --prefill-chunk 64 -n 3 --progress");
+  ASSERT_EQ(gen.status, 0) << gen.out;
+  EXPECT_NE(gen.out.find("prefill ["), std::string::npos) << gen.out;
+  EXPECT_NE(gen.out.find("100%"), std::string::npos) << gen.out;
+  const CliRun quiet = run("generate --model " + model + " --prompt-file " + text + " --prefill-chunk 64 -n 3 -q --progress");
+  ASSERT_EQ(quiet.status, 0) << quiet.out;
+  EXPECT_EQ(quiet.out.find("prefill ["), std::string::npos) << quiet.out;
   const std::string cal_args = "calibrate --model " + model + " --text " + text +
                                " --ctx 32 --max-tokens 200 --keys d4b4 --values d4b4 --iters 2 --progress -o " + dir;
   const CliRun cal = run(cal_args + "/cpu.safetensors");

@@ -98,3 +98,33 @@ TEST(RuntimeGenerate, SeededSamplingIsReproducible) {
   const GenerateResult rc = generate(*m, c, prompt, gp, &tok);
   EXPECT_NE(ra.tokens, rc.tokens);
 }
+
+// The prefill reports each chunk (prompt tokens run so far, tokens to run), counting from the
+// tokens the caches already hold; the generated tokens do not depend on the callback.
+TEST(RuntimeGenerate, PrefillReportsEveryChunkAfterTheCachedTokens) {
+  const auto m = load("tiny-qwen2");
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 13; ++i) prompt.push_back(int32_t(7 * i + 3) % m->config().vocab_size);
+  CacheOptions co;
+  co.n_threads = 2;
+  GenerateParams gp;
+  gp.max_tokens = 4;
+  gp.prefill_chunk = 5;
+  LayerCaches plain = make_caches(*m, co);
+  const GenerateResult want = generate(*m, plain, prompt, gp);
+  std::vector<std::pair<int64_t, int64_t>> seen;
+  gp.on_prefill = [&](int64_t done, int64_t total) { seen.emplace_back(done, total); };
+  LayerCaches c = make_caches(*m, co);
+  const GenerateResult got = generate(*m, c, prompt, gp);
+  EXPECT_EQ(got.tokens, want.tokens);
+  const std::vector<std::pair<int64_t, int64_t>> expect = {{5, 13}, {10, 13}, {13, 13}};
+  EXPECT_EQ(seen, expect);
+  // Six prompt tokens already cached: 7 to run, in chunks of 5 and 2.
+  LayerCaches warm = make_caches(*m, co);
+  m->forward(std::span<const int32_t>(prompt.data(), 6), warm);
+  seen.clear();
+  const GenerateResult cont = generate(*m, warm, prompt, gp);
+  EXPECT_EQ(cont.stats.cached_tokens, 6);
+  const std::vector<std::pair<int64_t, int64_t>> expect_cont = {{5, 7}, {7, 7}};
+  EXPECT_EQ(seen, expect_cont);
+}

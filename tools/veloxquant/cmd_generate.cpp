@@ -34,6 +34,7 @@ struct GenerateArgs {
   std::string save_prompt_cache;  // save after the prefill
   int prefill_chunk = 512;
   bool quiet = false;
+  bool progress = false;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -74,13 +75,23 @@ int run_generate(const GenerateArgs& a) {
   const std::string save_path = !a.save_prompt_cache.empty() ? a.save_prompt_cache
                                 : (!a.prompt_cache.empty() && !loaded) ? a.prompt_cache
                                                                          : std::string();
+  // A prefill bar where the prompt takes more than one forward call (on a terminal or with
+  // --progress; never with --quiet): long prompts on a CPU take minutes.
+  const bool show = !a.quiet && (a.progress || stderr_is_tty());
+  auto prefill_bar = [&](int64_t to_run) {
+    return std::make_unique<ProgressBar>("prefill", show && to_run > a.prefill_chunk);
+  };
   if (!save_path.empty()) {
     const auto t0 = std::chrono::steady_clock::now();
     const int64_t done = caches[0]->offset();
+    const auto bar = prefill_bar(int64_t(prompt.size()) - done);
     for (int64_t i = done; i < int64_t(prompt.size()); i += a.prefill_chunk) {
       const int64_t len = std::min<int64_t>(a.prefill_chunk, int64_t(prompt.size()) - i);
       forward(std::span<const int32_t>(prompt.data() + i, size_t(len)), caches, ForwardOptions{});
+      bar->update(double(i + len - done) / double(int64_t(prompt.size()) - done),
+                  strf("%lld/%lld tokens", (long long)(i + len - done), (long long)(int64_t(prompt.size()) - done)));
     }
+    bar->finish(strf("%lld tokens", (long long)(int64_t(prompt.size()) - done)));
     const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     save_prompt_cache(save_path, caches, prompt, {{"model", a.model.model_dir}});
     if (!a.quiet)
@@ -93,6 +104,12 @@ int run_generate(const GenerateArgs& a) {
   gp.max_tokens = a.max_tokens;
   gp.prefill_chunk = a.prefill_chunk;
   if (cuda_model) gp.forward = forward;
+  std::unique_ptr<ProgressBar> bar;
+  gp.on_prefill = [&](int64_t done, int64_t total) {
+    if (!bar) bar = prefill_bar(total);
+    bar->update(double(done) / double(total), strf("%lld/%lld tokens", (long long)done, (long long)total));
+    if (done == total) bar->finish(strf("%lld tokens", (long long)total));  // before the first generated text
+  };
   const GenerationConfig& gc = model->generation_config();
   const bool sample_default = gc.do_sample.value_or(false);
   gp.sampler.temperature = a.temperature >= 0 ? a.temperature
@@ -165,6 +182,7 @@ class GenerateCommand final : public Command {
     app->add_option("--save-prompt-cache", a->save_prompt_cache, "save the encoded prompt to FILE");
     app->add_option("--prefill-chunk", a->prefill_chunk, "prompt tokens per forward pass");
     app->add_flag("--quiet,-q", a->quiet, "print only the generated text");
+    app->add_flag("--progress", a->progress, "show the prefill's progress even when stderr is not a terminal");
   }
   int run() override { return run_generate(args_); }
 

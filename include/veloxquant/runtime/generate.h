@@ -34,6 +34,9 @@ struct GenerateParams {
   /// The forward pass to run; empty: model.forward. Another implementation of the same contract
   /// (e.g. CudaModel::forward, model_cuda.h) generates on a device.
   ForwardFn forward;
+  /// Called after every prefill chunk with the prompt tokens this call has run so far and the
+  /// number it runs in all (cached ones excluded; progress bars); may be empty.
+  std::function<void(int64_t done, int64_t total)> on_prefill;
 };
 
 struct GenerateStats {
