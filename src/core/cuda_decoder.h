@@ -73,8 +73,9 @@ class CudaDecoder {
   /// or CPU caches — q/k/v copied to the host and back; fetch_path: for CPU caches, use
   /// update_and_fetch + attention_cpu instead of update + fused_sdpa). With no caches at all
   /// (`caches` empty), the pass is cache-less as Model::forward_nocache: each layer attends
-  /// causally over the new tokens' own K/V, rounded through `nocache_kv_dtype` (F32: exact), on
-  /// the host (attention_cpu). `observer` (may be empty) sees every layer's K/V before they are
+  /// over the new tokens' own K/V (the model's mask: causal, sliding window), rounded through
+  /// `nocache_kv_dtype` (F32: exact), in f32 on the device (a warp per query row and head).
+  /// `observer` (may be empty) sees every layer's K/V before they are
   /// stored or rounded. Returns logits [n_out, vocab] on the host (n_out = n with all_logits,
   /// else 1). On an exception (the observer's included), caches already updated by this call
   /// are trimmed back.

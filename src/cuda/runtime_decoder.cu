@@ -168,16 +168,88 @@ __global__ void round_kernel(const float* x, void* out, DType dt, int64_t n) {
   if (i < n) cuda::store_f(out, dt, i, x[i]);
 }
 
+// x rounded through dt (F16 or BF16, round to nearest even) and back to f32, in place: the
+// cache-less pass's K/V storage rounding (Model::forward_nocache's round_through).
+__global__ void round_through_kernel(float* x, DType dt, int64_t n) {
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  x[i] = dt == DType::F16 ? __half2float(__float2half_rn(x[i])) : __bfloat162float(__float2bfloat16_rn(x[i]));
+}
+
+// The cache-less pass's attention on the device (Model::forward_nocache: each query attends over
+// the window's own keys, query t at position t): q [T, nh, hd], k, v [T, nkv, hd], out [T, nh,
+// hd], all f32. One warp per (query, head), lane l holding dims l, l + 32, ... (E of them, the
+// tail masked for head_dim not a multiple of 32); per visible key one warp-reduced dot product
+// and an online-softmax update in f32 (attn_visible's rule: causal, sliding window). A row that
+// sees no key gets zeros, as attention_ref. Plain on purpose: O(T²) work that a 512-token
+// calibration window makes small next to the products, checked against the CPU pass
+// (CudaRuntime*.Cacheless*).
+template <int E>
+__global__ void window_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                        const float* __restrict__ v, float* __restrict__ out, int T, int nh,
+                                        int nkv, int hd, float scale, bool causal, int64_t window) {
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  const int lane = threadIdx.x & 31;
+  if (w >= int64_t(T) * nh) return;
+  const int p = int(w / nh), h = int(w % nh), kh = h / (nh / nkv);
+  const float* qr = q + (int64_t(p) * nh + h) * hd;
+  float qv[E], acc[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = lane + 32 * e;
+    qv[e] = d < hd ? qr[d] * scale : 0.0f;
+    acc[e] = 0.0f;
+  }
+  const int64_t first = int64_t(p) - window + 1;
+  const int lo = window > 0 && first > 0 ? int(first) : 0;
+  const int hi = causal ? p : T - 1;
+  float m = -INFINITY, l = 0.0f;
+  for (int j = lo; j <= hi; ++j) {
+    const float* kr = k + (int64_t(j) * nkv + kh) * hd;
+    float s = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane + 32 * e;
+      if (d < hd) s = fmaf(qv[e], kr[d], s);
+    }
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const float m_new = fmaxf(m, s);
+    const float corr = expf(m - m_new), pj = expf(s - m_new);
+    l = l * corr + pj;
+    const float* vr = v + (int64_t(j) * nkv + kh) * hd;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const int d = lane + 32 * e;
+      acc[e] = acc[e] * corr + (d < hd ? pj * vr[d] : 0.0f);
+    }
+    m = m_new;
+  }
+  float* orow = out + (int64_t(p) * nh + h) * hd;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+#pragma unroll
+  for (int e = 0; e < E; ++e) {
+    const int d = lane + 32 * e;
+    if (d < hd) orow[d] = acc[e] * inv;
+  }
+}
+
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
-// Model::forward_nocache's rounding of K/V through the storage dtype (F32: unchanged).
-void round_through(std::vector<float>& x, DType t) {
-  if (t == DType::F16) {
-    for (float& e : x) e = round_to_half(e);
-  } else if (t == DType::BF16) {
-    for (float& e : x) e = bf16_to_float(float_to_bf16(e));
-  }
+void window_attention(const float* q, const float* k, const float* v, float* out, int T, int nh, int nkv, int hd,
+                      const SdpaParams& sp) {
+  const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(hd));
+  const unsigned blocks = blocks_for(int64_t(T) * nh * 32);
+  auto launch = [&](auto kernel) {
+    kernel<<<blocks, kThreads>>>(q, k, v, out, T, nh, nkv, hd, scale, sp.causal, sp.sliding_window);
+  };
+  if (hd <= 32) launch(window_attention_kernel<1>);
+  else if (hd <= 64) launch(window_attention_kernel<2>);
+  else if (hd <= 96) launch(window_attention_kernel<3>);
+  else if (hd <= 128) launch(window_attention_kernel<4>);
+  else if (hd <= 256) launch(window_attention_kernel<8>);
+  else if (hd <= 512) launch(window_attention_kernel<16>);
+  else VQ_THROW(UnsupportedError, "CUDA forward: the cache-less pass supports head_dim up to 512, got " << hd);
 }
 
 void check_launch(const char* what) {
@@ -357,18 +429,14 @@ class CudaDecoderImpl final : public CudaDecoder {
           observer(l, hk_.data(), hv_.data(), T);
         }
         if (nocache) {
-          // Model::forward_nocache on the host: this window's own K/V, rounded as asked.
-          to_host(hq_, q, nh);
-          if (!observer) {
-            to_host(hk_, k, nkv);
-            to_host(hv_, v, nkv);
+          // Model::forward_nocache: this window's own K/V, rounded as asked, attended in f32.
+          if (nocache_kv_dtype != DType::F32) {
+            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads>>>(k, nocache_kv_dtype, T * nkv * hd);
+            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads>>>(v, nocache_kv_dtype, T * nkv * hd);
+            check_launch("round_through");
           }
-          round_through(hk_, nocache_kv_dtype);
-          round_through(hv_, nocache_kv_dtype);
-          ho_.resize(size_t(T * nh * hd));
-          attention_cpu(heads_view(hq_.data(), nh, cpu), heads_view(hk_.data(), nkv, cpu),
-                        heads_view(hv_.data(), nkv, cpu), heads_view(ho_.data(), nh, cpu), sp);
-          VQ_CUDA_CHECK(cudaMemcpy(att, ho_.data(), ho_.size() * 4, cudaMemcpyHostToDevice));
+          window_attention(q, k, v, att, int(T), int(nh), int(nkv), int(hd), sp);
+          check_launch("window_attention");
         } else if (KVCache& cache = *caches[size_t(l)]; cache.config().device.is_cuda()) {
           cache.update(heads_view(k, nkv, dev), heads_view(v, nkv, dev));
           ++layers_updated;

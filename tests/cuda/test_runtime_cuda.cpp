@@ -167,6 +167,32 @@ TEST_P(CudaRuntimeCommitted, LogitsMatchTheCpuForwardAndTransformers) {
   }
 }
 
+// The cache-less pass (calibration's collection) on the committed checkpoints: head_dim 8 to 32,
+// GQA groups of 2 and 4, tiny-mistral's sliding window of 7 tokens; the device's window
+// attention against the CPU pass, exact and fp16-rounded K/V (f32 weights on both sides).
+TEST_P(CudaRuntimeCommitted, CachelessPassMatchesTheCpu) {
+  VQ_SKIP_WITHOUT_GPU();
+  const std::string name = GetParam();
+  const auto model = load_model(vqtest::tiny_dir(name));
+  const auto ref = vqtest::load_reference(name);
+  const int64_t V = model->config().vocab_size, n = int64_t(ref.tokens.size());
+  ASSERT_GT(n, 8);
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  const auto gm = CudaModel::create(*model, co);
+  for (DType dt : {DType::F32, DType::F16}) {
+    const std::vector<float> cpu = model->forward_nocache(ref.tokens, dt, true);
+    const std::vector<float> gpu = gm->forward_nocache(ref.tokens, dt, true);
+    ASSERT_EQ(gpu.size(), cpu.size());
+    const ErrStats e = compare_rows(gpu, cpu, V, n);
+    std::printf("[cuda forward] %s, cache-less pass (%s K/V, head_dim %d, sliding window %lld, %lld tokens): vs CPU "
+                "max_rel %.2e\n",
+                name.c_str(), dtype_name(dt), model->config().head_dim, (long long)model->sdpa_params().sliding_window,
+                (long long)n, e.max_rel);
+    EXPECT_LE(e.max_rel, kMaxRelF32) << name << " " << dtype_name(dt);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaRuntimeCommitted,
                          ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"));
 

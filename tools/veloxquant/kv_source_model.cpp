@@ -1,9 +1,9 @@
 // kv_source_model.cpp — `veloxquant calibrate --model DIR --text FILE`: calibration samples
 // collected from the model itself (post-RoPE keys and values of every layer, as its caches
 // would receive them), through runtime::collect_kv_samples. Registers itself as a calibrate
-// input source (subcommand.h), next to `--kv FILE`. `--device cuda` runs the matrix products on
-// the GPU (CudaModel::forward_nocache; attention over each window's exact f32 K/V stays on the
-// host, as on the CPU path, so the samples are the CPU's up to summation order).
+// input source (subcommand.h), next to `--kv FILE`. `--device cuda` runs the pass on the GPU
+// (CudaModel::forward_nocache: attention in f32 over each window's exact K/V, as the CPU pass,
+// so the samples are the CPU's up to summation order).
 #include <cstdio>
 #include <filesystem>
 

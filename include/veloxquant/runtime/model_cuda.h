@@ -59,9 +59,9 @@ class CudaModel {
                              const ForwardOptions& options = {}) const;
 
   /// As Model::forward_nocache: `tokens` at positions 0 .. n−1 without caches, each layer
-  /// attending causally over the tokens' own K/V rounded through kv_dtype (F32: exact). The
-  /// products run on the device; attention runs on the host (attention_cpu, as the CPU pass),
-  /// which is what calibration's collection (collect_kv_samples) needs: exact f32 K/V.
+  /// attending over the tokens' own K/V (the model's mask) rounded through kv_dtype (F32:
+  /// exact), attention in f32 on the device: what calibration's collection (collect_kv_samples
+  /// with CollectParams::forward_nocache) needs, the CPU pass's samples up to summation order.
   std::vector<float> forward_nocache(std::span<const int32_t> tokens, DType kv_dtype = DType::F32,
                                      bool all_logits = true, const KVObserver& observer = {}) const;
 
