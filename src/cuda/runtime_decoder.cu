@@ -181,8 +181,8 @@ __global__ void round_through_kernel(float* x, DType dt, int64_t n) {
 // hd], all f32. One warp per (query, head), lane l holding dims l, l + 32, ... (E of them, the
 // tail masked for head_dim not a multiple of 32); per visible key one warp-reduced dot product
 // and an online-softmax update in f32 (attn_visible's rule: causal, sliding window). A row that
-// sees no key gets zeros, as attention_ref. Plain on purpose: O(T²) work that a 512-token
-// calibration window makes small next to the products, checked against the CPU pass
+// sees no key gets zeros, as attention_ref. Plain on purpose: O(T²) CUDA-core work, meant for
+// calibration's windows (512 tokens by default), not for long ones; checked against the CPU pass
 // (CudaRuntime*.Cacheless*).
 template <int E>
 __global__ void window_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
