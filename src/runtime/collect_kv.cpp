@@ -1,6 +1,8 @@
 // collect_kv.cpp — post-RoPE keys and values of a model run, for calibration.
 #include <algorithm>
 #include <cstdint>
+#include <utility>
+#include <vector>
 
 #include "veloxquant/error.h"
 #include "veloxquant/runtime/generate.h"
@@ -22,21 +24,21 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
     keys[size_t(layer)].insert(keys[size_t(layer)].end(), k, k + n * row);
     values[size_t(layer)].insert(values[size_t(layer)].end(), v, v + n * row);
   };
-  // Tokens the loop below will collect: every window adds its text and its BOS, up to the cap.
+  // The windows [pos, pos + len) of text, each after its BOS, planned first so that progress
+  // can name the total: windows of text_per_window text tokens until the text or the cap ends.
+  std::vector<std::pair<int64_t, int64_t>> windows;
   int64_t total = 0;
   for (int64_t pos = 0; pos < n_text;) {
     const int64_t room = cap - total - bos;
     if (room <= 0) break;
     const int64_t len = std::min({text_per_window, n_text - pos, room});
+    windows.emplace_back(pos, len);
     total += len + bos;
     pos += len;
   }
   std::vector<int32_t> win;
   int64_t collected = 0;
-  for (int64_t pos = 0; pos < n_text;) {
-    const int64_t room = cap - collected - bos;
-    if (room <= 0) break;
-    const int64_t len = std::min({text_per_window, n_text - pos, room});
+  for (const auto& [pos, len] : windows) {
     win.clear();
     if (params.bos) win.push_back(*params.bos);
     win.insert(win.end(), tokens.begin() + pos, tokens.begin() + pos + len);
@@ -45,7 +47,6 @@ KVSamples collect_kv_samples(const Model& model, std::span<const int32_t> tokens
     else
       model.forward_nocache(win, DType::F32, /*all_logits=*/false, observer);
     collected += int64_t(win.size());
-    pos += len;
     if (params.on_window) params.on_window(collected, total);
   }
   VQ_CHECK_VALUE(collected > 0, "collect_kv_samples: max_tokens " << params.max_tokens << " leaves no room for a token");
