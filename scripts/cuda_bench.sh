@@ -14,6 +14,7 @@ peer_args=()
 prev=
 for a in "${@:3}"; do
   [[ $a == --prefill ]] && peer_args+=(--prefill)       # the prefill table and its peer
+  [[ $a == --plain ]] && peer_args+=(--plain)           # the head_dim 96/80 table and its peer
   [[ $prev == --flush ]] && peer_args+=(--flush "$a")   # the peer flushes L2 as our rows do
   [[ $prev == --guard-us ]] && peer_args+=(--guard-us "$a")
   [[ $a == --noflush ]] && peer_args+=(--flush none)

@@ -446,6 +446,7 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --shape BxL         one shape instead of the three (e.g. 1x131072)
   --quick             the batch-1 shape only
   --prefill           only the prefill table
+  --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API)
   --skip-encode, --skip-step          leave out the encode and decode-step tables
   --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
   --guard-us US       a GPU spin after each flush (diagnosis)
@@ -470,7 +471,7 @@ int main(int argc, char** argv) {
   double guard_us = 0.0;
   bool startup_probe_only = false;
   bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
-       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, prefill = false;
+       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, prefill = false, plain = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -485,6 +486,7 @@ int main(int argc, char** argv) {
     }
     else if (a == "--quick") quick = true;
     else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
+    else if (a == "--plain") plain = true;  // only the head_dim 80/96 table (peer lines PEER80/PEER96 from peer_sdpa.py --plain)
     else if (a == "--skip-encode") skip_encode = true;
     else if (a == "--skip-step") skip_step = true;
     else if (a == "--noflush") flush_mode = Flush::kNone;  // L2 kept warm (diagnosis only)
@@ -604,6 +606,118 @@ int main(int argc, char** argv) {
     std::printf("L2 flush check, a 32 MB read of X: %.1f us warm; clean flush %.1f us (X read before it) / %.1f us (Y read "
                 "before it); dirty flush %.1f / %.1f us. Timed here with the %s flush\n",
                 warm, cx, cy, dx, dy, flush.name());
+  }
+
+  // ---- decode at head_dim 96 and 80 (--plain): the plain kernel, through the cache API ---------
+  // A MemoryBound cache (int8 keys, a 128-token window) or the fp16 cache, 32 q / 8 kv heads at
+  // head_dim 96 (Phi-3) and 80 (Phi-2), filled by update() with random fp16 K/V, then
+  // fused_sdpa_into of one query per sequence (an eager call, as a decode step's attention):
+  // median device time, L2 flushed before each; GB/s over the bytes the call reads (code rows and
+  // window rows, or the fp16 rows); the peer (peer_sdpa.py --plain: PyTorch SDPA over fp16 K/V
+  // at the same head_dim, GQA native) from the same run. Validation: batch row 0 of every shape
+  // against a CPU cache of the same configuration fed the same tokens (NMSE, bound 1e-2: the
+  // int8 keys' rounding; a wrong token or dimension gives ~1).
+  if (plain) {
+    struct PlCfg {
+      std::string name;
+      CacheKind kind;
+      Spec s;
+      CodebookFormat fmt;
+    };
+    const std::vector<PlCfg> cfgs = {{"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
+                                     {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
+                                     {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
+    const std::vector<std::pair<int, int>> pshapes =
+        quick ? std::vector<std::pair<int, int>>{{1, 131072}}
+              : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
+    bool plain_ok = true;
+    std::printf("\ndecode attention at head_dim 96 and 80 (plain kernel), %d q / %d kv heads, q_len 1, window %d\n", kH,
+                kKV, kR);
+    std::printf("| head_dim | cache | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    for (int D : {96, 80}) {
+      const auto dpeer =
+          peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_peer(peer_path, "PEER" + std::to_string(D));
+      for (const PlCfg& pc : cfgs)
+        for (const auto& [B, L] : pshapes) {
+          if (!selected(pc.name)) continue;
+          KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
+          cfg.kind = pc.kind;
+          cfg.head_dim = D;
+          auto cache = KVCacheFactory::create(cfg);
+          auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
+          cc->reserve(L, B);
+          KVCacheConfig ccpu = cfg;
+          ccpu.device = Device::cpu();
+          auto cpu = KVCacheFactory::create(ccpu);
+          // fill: host chunks [B, kv, n, D] of fp16 from a fast LCG, uploaded; row 0 also to the CPU twin
+          const int chunk = std::max(1, std::min(L, (1 << 21) / B));
+          Tensor hk = Tensor::empty({B, kKV, chunk, D}, DType::F16), hv = Tensor::empty({B, kKV, chunk, D}, DType::F16);
+          uint64_t st = 0x9E3779B97F4A7C15ull ^ uint64_t(D * 1000003 + B);
+          auto fill_host = [&](Tensor& t) {
+            uint16_t* h = t.ptr<uint16_t>();
+            for (int64_t i = 0; i < t.numel(); ++i) {
+              st = st * 6364136223846793005ull + 1442695040888963407ull;
+              const float u = float(int32_t(st >> 33) % 20001) * 1e-4f - 1.0f;  // [-1, 1]
+              h[i] = float_to_half(u);
+            }
+          };
+          for (int t0 = 0; t0 < L; t0 += chunk) {
+            const int n = std::min(chunk, L - t0);
+            fill_host(hk), fill_host(hv);
+            Tensor dk = to_device_bench(hk), dv = to_device_bench(hv);
+            TensorView kd = dk.view(), vd = dv.view(), k0 = hk.view(), v0 = hv.view();
+            kd.shape[2] = vd.shape[2] = n;
+            cache->update(kd, vd);
+            // row 0 of the host chunk, its first n tokens: [1, kv, n, D] with the chunk's strides
+            k0.shape[0] = v0.shape[0] = 1;
+            k0.shape[2] = v0.shape[2] = n;
+            cpu->update(k0, v0);
+          }
+          Tensor hq = Tensor::empty({B, kH, 1, D}, DType::F16);
+          fill_host(hq);
+          Tensor q = to_device_bench(hq);
+          Tensor out = Tensor::empty({B, kH, 1, D}, DType::F16, Device::cuda(0));
+          CK(cudaDeviceSynchronize());
+          SdpaParams sp;
+          sp.causal = true;
+          const double us = flushed_median_us(tm, flush, 3, reps, [&] { cache->fused_sdpa_into(q.view(), out.view(), sp); });
+          // validation: row 0 against the CPU twin
+          TensorView q0 = hq.view();
+          q0.shape[0] = 1;
+          const Tensor want = cpu->fused_sdpa(q0, sp);
+          std::vector<uint16_t> got(size_t(kH) * D);
+          CK(cudaMemcpy(got.data(), out.data(), got.size() * 2, cudaMemcpyDeviceToHost));
+          const std::vector<float> w = want.to_vector_f32();
+          double num = 0, den = 0;
+          bool finite = true;
+          for (size_t i = 0; i < got.size(); ++i) {
+            const double g = half_to_float(got[i]);
+            finite &= std::isfinite(g);
+            num += (g - w[i]) * (g - w[i]), den += double(w[i]) * w[i];
+          }
+          const double e = den > 0 ? num / den : 1.0;
+          const bool ok = finite && e < 1e-2;
+          plain_ok &= ok;
+          // bytes read: the coded tokens' rows and the window's (VecInfer), or every fp16 row
+          const int64_t R = pc.kind == CacheKind::VecInfer ? std::min<int64_t>(kR, L) : L;
+          const int krs = ((D / pc.s.ks * pc.s.kb + 7) / 8 + 3) / 4 * 4, vrs = ((D / pc.s.vs * pc.s.vb + 7) / 8 + 3) / 4 * 4;
+          const double bytes = double(B) * kKV *
+                                   (pc.kind == CacheKind::VecInfer ? double(L - R) * (krs + vrs) : 0.0) +
+                               double(B) * kKV * R * D * 4.0 + 2.0 * B * kH * D * 2.0;
+          auto it = dpeer.find({B, L});
+          char peer_cols[96] = "- | - | -";
+          if (it != dpeer.end())
+            std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
+                          it->second.us / us);
+          std::printf("| %d | %s | %dx%d | %.1f | %.0f | %.1f MB | %s | %.1e%s |\n", D, pc.name.c_str(), B, L, us,
+                      bytes / (us * 1e-6) / 1e9, bytes / 1e6, peer_cols, e, ok ? "" : " FAILED");
+          std::fflush(stdout);
+        }
+    }
+    std::printf("\nhead_dim 96/80 validation: %s\n", plain_ok ? "every row 0 within 1e-2 of the CPU cache" : "FAILED");
+    cudaFree(flush.buf);
+    return plain_ok ? 0 : 1;
   }
 
   // ---- prefill: attention of a chunk of queries over the coded history (--prefill) ----------

@@ -10,6 +10,9 @@ the timed call writes back; bench_decode_cuda takes the same flag and must get t
 the best one per shape is the peer. Output lines:
     PEER <batch> <context> <us> <TB/s of K/V read> <backend>
 
+With --plain: the decode peer at head_dim 96 and 80 instead (bench_decode_cuda --plain), lines
+    PEER96 <batch> <context> <us> <TB/s> <backend>   and   PEER80 ...
+
 With --prefill: the prefill peer instead. A chunk of q queries [1, 32, q, 128] over fp16 K/V
 [1, 8, history + q, 128], causal with the mask aligned to the lower right (query i sees
 history + i + 1 keys, as a chunk appended to a cache does), per backend (GQA native; where a
@@ -139,6 +142,7 @@ def main():
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--prefill", action="store_true")
+    ap.add_argument("--plain", action="store_true", help="head_dim 96 and 80 (PEER96 / PEER80 lines)")
     ap.add_argument("--flush", choices=("clean", "dirty", "none"), default="clean")
     ap.add_argument("--sets", type=int, default=1, help="independent inputs timed in turn (flush check)")
     ap.add_argument("--guard-us", type=float, default=0.0, help="GPU spin before each start event (diagnosis)")
@@ -153,7 +157,9 @@ def main():
     flush = make_flush(a.flush, dev)
     lines = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, L2 flush: {a.flush}, {a.sets} input set(s), guard {a.guard_us:g} us", flush=True)
-    for b, n in shapes:
+    global D
+    dims = [(96, "PEER96"), (80, "PEER80")] if a.plain else [(D, "PEER")]
+    for (D, tag), (b, n) in [(d, s) for d in dims for s in shapes]:
         torch.manual_seed(0)
         q = torch.randn(b, H, 1, D, device=dev, dtype=torch.float16)
         k = torch.randn(b, HKV, n, D, device=dev, dtype=torch.float16)
@@ -183,14 +189,14 @@ def main():
                 print(f"  {name:9s} B={b:<3d} L={n:<7d} unavailable: {str(e).splitlines()[0][:100]}", flush=True)
                 continue
             tbps = kv_bytes / (us * 1e-6) / 1e12
-            print(f"  {name:9s} B={b:<3d} L={n:<7d} {us:9.1f} us {tbps:6.2f} TB/s  nmse {err.item():.1e}", flush=True)
+            print(f"  {name:9s} D={D:<3d} B={b:<3d} L={n:<7d} {us:9.1f} us {tbps:6.2f} TB/s  nmse {err.item():.1e}", flush=True)
             if err.item() > 1e-3:
                 print("  (wrong result, not counted)")
                 continue
             if best is None or us < best[0]:
                 best = (us, tbps, name)
         if best:
-            lines.append(f"PEER {b} {n} {best[0]:.2f} {best[1]:.3f} {best[2]}")
+            lines.append(f"{tag} {b} {n} {best[0]:.2f} {best[1]:.3f} {best[2]}")
             print(lines[-1], flush=True)
         del q, k, v, more
         torch.cuda.empty_cache()

@@ -75,6 +75,9 @@ CudaSupport cuda_support(const KVCacheConfig& config);
 /// value spec @ head_dim + codebook format: none fp16, e4m3, i8, i8kv), sorted; empty without
 /// CUDA. The default build holds d4b8/d4b8 and d4b12/d8b8 at head_dim 64 and 128;
 /// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
+/// Not listed: head_dim 80 and 96 (Phi-2, StableLM, Phi-3), where every build runs every
+/// configuration of sub_dim 4 or 8 and 4- to 12-bit codebooks, in every codebook format, on one
+/// plain kernel (src/cuda/attention_any_dim.cu; no prefill kernel: prompts attend in row chunks).
 std::vector<std::string> cuda_attention_configs();
 
 /// Prefill over dequantized rows. An eager fused_sdpa of more than 16 queries (a prompt chunk)

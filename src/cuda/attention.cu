@@ -68,7 +68,10 @@ const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k
     if (same(e.key, k) && (rows4 < 0 || e.rows4 == rows4)) return &e;
   return nullptr;
 }
-const AttnEntry* find(const AttnConfigKey& k) { return find_in(registry(), k); }
+const AttnEntry* find(const AttnConfigKey& k) {
+  if (const AttnEntry* e = find_in(registry(), k)) return e;
+  return attn_any_dim_entry(k);  // head dims without a tuned kernel
+}
 /// The two-blocks form of k's 8-row (rows4 0) or four-row (rows4 1) kernel.
 const AttnEntry* find_wide(const AttnConfigKey& k, int rows4) { return find_in(wide_registry(), k, rows4); }
 const AttnEntry* find_rows4(const AttnConfigKey& k) { return find_in(rows4_registry(), k); }
@@ -223,7 +226,7 @@ int max_active_clusters(const AttnEntry& e, int splits) {
 /// and every segment's cluster resident at once (a second wave of clusters would cost more
 /// than the merge saves).
 bool use_cluster(const AttnEntry& e, const AttnParams& p) {
-  if (!g_cluster_allowed.load() || p.n_splits < 2 || p.n_splits > kAttnMaxClusterSplits) return false;
+  if (e.plain || !g_cluster_allowed.load() || p.n_splits < 2 || p.n_splits > kAttnMaxClusterSplits) return false;
   const int64_t segments = int64_t(p.n_kv_heads) * p.n_row_chunks * p.batch;
   return segments <= max_active_clusters(e, p.n_splits);
 }
@@ -261,6 +264,7 @@ void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stre
   pdl = pdl && g_step_pdl.load() && runs_sm90_code(e);
   AttnParams pg = p;
   pg.cluster_launch = cluster ? 1 : 0;
+  if (e.plain) pg.plain_key_bits = e.key.key_bits, pg.plain_value_bits = e.key.value_bits, pg.plain_cb_fmt = e.key.cb_fmt;
   derive_divisors(pg);
   void* args[] = {&pg};
   if (!cluster && priority == 0 && !pdl) {
@@ -340,6 +344,11 @@ const char* attn_compiled_list() {
   static const std::string s = [] {
     std::string out;
     for (const auto& n : attn_compiled_names()) out += (out.empty() ? "" : ", ") + n;
+    std::ostringstream any;
+    any << "; at head_dim";
+    for (int d : kAnyHeadDims) any << ' ' << d;
+    any << ": every d4/d8 configuration of 4 to 12 bits, any codebook format (the plain kernel)";
+    out += any.str();
     return out;
   }();
   return s.c_str();

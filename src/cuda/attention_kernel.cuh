@@ -2168,7 +2168,10 @@ struct AttnEntry {
   int prmt = 0;  ///< 1: the 64 KB-aligned codebook layout (needs the dynamic base at 0 or 0x400); 2: kPrmtRel (at 0x400)
   int rows4 = 0; ///< 1: the four-row kernel (AttnTraits::kR4), for chunks of <= 4 query rows
   int win_first = 0; ///< 1: attends the window rows before the coded tokens (AttnTraits::kWinFirst)
+  int plain = 0;     ///< 1: the plain kernel of attention_any_dim.cu (configuration read at run time, no clusters)
 };
+/// The plain kernel's entry for k (head dims kAnyHeadDims), or null where it does not serve k.
+const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k);
 
 
 template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0,

@@ -33,6 +33,7 @@
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
 #include "veloxquant/fp16_cache.h"
+#include "veloxquant/hadamard.h"
 #include "veloxquant/vecinfer_cache.h"
 
 #define VQ_CU(expr)                                                                                 \
@@ -1461,7 +1462,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     }
     p.lambda = lambda_.defined() ? lambda_.ptr<float>() : nullptr;
     p.use_hadamard = config_.use_hadamard ? 1 : 0;
-    p.hadamard_scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+    p.hadamard_scale = float(1.0 / std::sqrt(double(hadamard_block_size(config_.head_dim))));  // hadamard.h's blocks
     if (mode_ == CacheMode::Stash) {
       p.k_win = held_k_.data();
       p.v_win = held_v_.data();
@@ -1572,9 +1573,11 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // ones (up to 4096: 0.7-1.4 MB) built on the device once the cache's throughput-mode encodes
     // reach cuda::grid_build_after() token-heads (ensure_grids), so a cache that only decodes, or
     // prefills little, never holds one
-    if (kp.n_centroids <= 256) k_grid_ = cuda::upload_encode_grid(kp.codebook.data(), kp.n_centroids, kp.sub_dim, device_);
-    if (vp.n_centroids <= 256) v_grid_ = cuda::upload_encode_grid(vp.codebook.data(), vp.n_centroids, vp.sub_dim, device_);
-    grids_tried_ = kp.n_centroids <= 256 && vp.n_centroids <= 256;
+    // (none at head dims that are not powers of two: their encoder scans, cuda::encode_launch)
+    const bool grids = (c.head_dim & (c.head_dim - 1)) == 0;
+    if (grids && kp.n_centroids <= 256) k_grid_ = cuda::upload_encode_grid(kp.codebook.data(), kp.n_centroids, kp.sub_dim, device_);
+    if (grids && vp.n_centroids <= 256) v_grid_ = cuda::upload_encode_grid(vp.codebook.data(), vp.n_centroids, vp.sub_dim, device_);
+    grids_tried_ = !grids || (kp.n_centroids <= 256 && vp.n_centroids <= 256);
     k_cmax_ = v_cmax_ = 0.0f;
     for (float x : kp.centroid_norms) k_cmax_ = std::max(k_cmax_, std::sqrt(x));
     for (float x : vp.centroid_norms) v_cmax_ = std::max(v_cmax_, std::sqrt(x));
@@ -1683,7 +1686,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     e.inv_lambda = inv_lambda_.defined() ? inv_lambda_.ptr<float>() : nullptr;
     e.lambda = lambda_.defined() ? lambda_.ptr<float>() : nullptr;
     e.use_hadamard = config_.use_hadamard ? 1 : 0;
-    e.hadamard_scale = float(1.0 / std::sqrt(double(config_.head_dim)));
+    e.hadamard_scale = float(1.0 / std::sqrt(double(hadamard_block_size(config_.head_dim))));
     e.k_cb = k_cb_.ptr<float>();
     e.v_cb = v_cb_.ptr<float>();
     e.k_norms = k_nrm_.ptr<float>();
@@ -1753,7 +1756,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     // token groups per side, at most (the workspace only grows: update() sizes it for its
     // own token count, and a planned step's count must stay covered)
     const int64_t jobs = std::max<int64_t>(batch_ * n_kv_heads_ * q_len, dec_jobs_);
-    const int64_t n = 2 * jobs * cuda::kEncDecSlices * 32 * std::max<int64_t>(1, config_.head_dim / 128);
+    const int64_t n = 2 * jobs * cuda::kEncDecSlices * 32 * cuda::encode_decode_slots(config_.head_dim);
     if (!dec_best_.defined() || dec_best_.numel() < n) {
       dec_best_ = Tensor::empty({n}, DType::F32, device_);
       dec_code_ = Tensor::empty({n}, DType::I32, device_);

@@ -195,10 +195,13 @@ __device__ __forceinline__ void search(const float (&x)[SPL][SD], const bool (&l
 }
 
 /// In-place FWHT (stages h = 1, 2, 4, ... as the CPU) of TPJ vectors of D floats in a warp's
-/// shared buffer, then the 1/sqrt(D) scale.
+/// shared buffer, then the scale (1/sqrt(B)). Block-diagonal for head dims that are not powers of
+/// two (hadamard.h): blocks of B = the largest power of two dividing D, i.e. the stages h < B,
+/// whose pairs (i, i + h) never cross a block.
 template <int D, int TPJ>
 __device__ __forceinline__ void warp_fwht(float* xs, int lane, float scale) {
-  for (int h = 1; h < D; h <<= 1) {
+  constexpr int kB = D & -D;
+  for (int h = 1; h < kB; h <<= 1) {
     for (int i = lane; i < TPJ * D / 2; i += 32) {
       const int tt = i / (D / 2), j = i % (D / 2);
       const int i0 = tt * D + (j / h) * 2 * h + (j % h);
@@ -319,25 +322,29 @@ __global__ void __launch_bounds__(256) vq_encode_kernel(const EncodeParams p) {
       const float* il = (keys && p.inv_lambda) ? p.inv_lambda + q.kvh * D : nullptr;
       // every load issued before any use (one round trip, not D/32): raw 16-bit values or
       // floats first, the dtype branch outside the unrolled loops
-      float xv[D / 32], lv[D / 32];
+      // (kE = ceil(D / 32) elements a lane; the last one only on lanes below D mod 32)
+      constexpr int kE = (D + 31) / 32;
+      auto on = [&](int k) { return D % 32 == 0 || lane + 32 * k < D; };
+      float xv[kE], lv[kE];
       const int64_t es = sd.src.stride[3];
 #pragma unroll
-      for (int k = 0; k < D / 32; ++k) lv[k] = il ? __ldg(il + lane + 32 * k) : 1.0f;
+      for (int k = 0; k < kE; ++k) lv[k] = il && on(k) ? __ldg(il + lane + 32 * k) : 1.0f;
       if (sd.src.dtype == DType::F32) {
         const float* src = static_cast<const float*>(sd.src.data) + base;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) xv[k] = src[(lane + 32 * k) * es];
+        for (int k = 0; k < kE; ++k) xv[k] = on(k) ? src[(lane + 32 * k) * es] : 0.0f;
       } else {
         const uint16_t* src = static_cast<const uint16_t*>(sd.src.data) + base;
-        uint16_t raw[D / 32];
+        uint16_t raw[kE];
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) raw[k] = src[(lane + 32 * k) * es];
+        for (int k = 0; k < kE; ++k) raw[k] = on(k) ? src[(lane + 32 * k) * es] : uint16_t(0);
         const int bf16 = sd.src.dtype == DType::BF16;
 #pragma unroll
-        for (int k = 0; k < D / 32; ++k) xv[k] = store16_to_f(raw[k], bf16);
+        for (int k = 0; k < kE; ++k) xv[k] = store16_to_f(raw[k], bf16);
       }
 #pragma unroll
-      for (int k = 0; k < D / 32; ++k) xs[tt * D + lane + 32 * k] = il ? __fmul_rn(xv[k], lv[k]) : xv[k];
+      for (int k = 0; k < kE; ++k)
+        if (on(k)) xs[tt * D + lane + 32 * k] = il ? __fmul_rn(xv[k], lv[k]) : xv[k];
     }
     __syncwarp();
     if (keys && p.use_hadamard) warp_fwht<D, TPJ>(xs, lane, p.hadamard_scale);
@@ -1408,8 +1415,8 @@ void encode_bulk_t(const EncodeParams& p, cudaStream_t s) {
 template <int D, int SD>
 void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   constexpr int kNSub = D / SD;
-  constexpr int kSplDec = kNSub > 32 ? kNSub / 32 : 1;
-  constexpr int kSplBulk = 4;  // sub-vectors per lane (8 measured slower: run 2)
+  constexpr int kSplDec = encode_lane_slots(kNSub, (kNSub + 31) / 32);
+  constexpr int kSplBulk = encode_lane_slots(kNSub, 4);  // sub-vectors per lane (8 measured slower: run 2)
   const int bits = p.k_sub == SD ? p.k_bits : p.v_bits;
   // every asked side of this sub_dim has a candidate grid (a side without one would scan its
   // whole codebook with the oracle in the grid kernel)
@@ -1420,12 +1427,19 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   // d4b8, and the graph step 65.6 against 53.1 (run 47); for d4b12 34.8 against 22.1 us, the
   // defaults' graph step 69.4 against 62.7 and the eager pair 100.6 against 64.4 (run 103)
   if (decode_mode && (1 << bits) >= 64) return encode_t<D, SD, kSplDec, 8>(p, s);
-  if constexpr (SD == 4)
-    if (grids && p.bulk_variant == 1) return encode_bulk_t<D, SD, kSplBulk, true>(p, s);
-  if (p.bulk_variant == 1 && (1 << bits) <= 256)
-    encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
-  else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
-  else encode_t<D, SD, kSplBulk, 1>(p, s);
+  if constexpr ((D & (D - 1)) != 0) {
+    // head dims that are not powers of two (80, 96): the first kernel only (the v2 and grid
+    // kernels' in-register transform spans whole power-of-two rows)
+    (void)grids;
+    encode_t<D, SD, kSplBulk, 1>(p, s);
+  } else {
+    if constexpr (SD == 4)
+      if (grids && p.bulk_variant == 1) return encode_bulk_t<D, SD, kSplBulk, true>(p, s);
+    if (p.bulk_variant == 1 && (1 << bits) <= 256)
+      encode_bulk_t<D, SD, kSplBulk>(p, s);  // larger codebooks: the previous kernel (faster there, run enc-1)
+    else if (p.bulk_variant == 2) encode_bulk_t<D, SD, 8>(p, s);  // 8 slots per lane (timing variant)
+    else encode_t<D, SD, kSplBulk, 1>(p, s);
+  }
 }
 
 template <int D>
@@ -1453,22 +1467,27 @@ void dequant_d(const EncodeParams& p, int evict, int64_t t0, int64_t n, int side
 }
 
 void check_encode_geometry(const EncodeParams& p) {
-  VQ_CHECK_T(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256, UnsupportedError,
-             "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256)");
+  VQ_CHECK_T(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || attn_any_head_dim(p.head_dim),
+             UnsupportedError, "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256, 80, 96)");
   VQ_CHECK_T((p.k_sub == 4 || p.k_sub == 8) && (p.v_sub == 4 || p.v_sub == 8), UnsupportedError,
              "CUDA VecInfer: sub_dim must be 4 or 8 (key " << p.k_sub << ", value " << p.v_sub << ")");
   VQ_CHECK_T(p.k_bits >= 4 && p.k_bits <= 16 && p.v_bits >= 4 && p.v_bits <= 16, UnsupportedError,
              "CUDA VecInfer: codebook_bits must be in 4..16 (key " << p.k_bits << ", value " << p.v_bits << ")");
 }
 
-/// Calls f(std::integral_constant<int, D>{}) for the call's head_dim D (64, 128, 256), or throws
-/// UnsupportedError naming `what` and the head_dim: the one dispatch of the launches below.
+/// Calls f(std::integral_constant<int, D>{}) for the call's head_dim D (64, 128, 256, and the
+/// plain attention kernel's 80 and 96), or throws UnsupportedError naming `what` and the
+/// head_dim: the one dispatch of the launches below.
 template <class F>
 void with_head_dim(int head_dim, const char* what, F&& f) {
+  static_assert(sizeof(kAnyHeadDims) / sizeof(int) == 2 && kAnyHeadDims[0] == 80 && kAnyHeadDims[1] == 96,
+                "the cases below follow kAnyHeadDims");
   switch (head_dim) {
     case 64: f(std::integral_constant<int, 64>{}); break;
     case 128: f(std::integral_constant<int, 128>{}); break;
     case 256: f(std::integral_constant<int, 256>{}); break;
+    case 80: f(std::integral_constant<int, 80>{}); break;
+    case 96: f(std::integral_constant<int, 96>{}); break;
     default: VQ_THROW(UnsupportedError, what << ": head_dim " << head_dim);
   }
 }
@@ -1535,7 +1554,12 @@ void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream) {
                                                                 << " rows (limit 2^31)");
   if (p.batch == 0 || n_max == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
-  with_head_dim(p.head_dim, "CUDA materialize", [&](auto d) { materialize_d<decltype(d)::value>(p, n_max, s); });
+  with_head_dim(p.head_dim, "CUDA materialize", [&](auto d) {
+    constexpr int D = decltype(d)::value;
+    // (the expansion serves the prefill kernel over rows, built for 64 and 128 only)
+    if constexpr ((D & (D - 1)) == 0) materialize_d<D>(p, n_max, s);
+    else VQ_THROW(UnsupportedError, "CUDA materialize: head_dim " << D);
+  });
 }
 
 void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream) {

@@ -151,7 +151,14 @@ struct AttnParams {
   /// multiply-high divisions (FastDiv): the GQA group n_heads / n_kv_heads, the row chunks,
   /// the splits and the window weight.
   FastDiv div_group, div_row_chunks, div_splits, div_window_weight;
+  /// Set by attn_launch, not by callers: the configuration of a launch on the plain kernel of
+  /// the head dims without a tuned one (attn_any_head_dim), which reads these at run time.
+  int plain_key_bits = 0, plain_value_bits = 0, plain_cb_fmt = 0;
 };
+/// Head dims served by the plain attention kernel (src/cuda/attention_any_dim.cu) rather than a
+/// tuned one: every codebook configuration of up to 12 bits and every format, any q_len.
+inline constexpr int kAnyHeadDims[] = {80, 96};
+bool attn_any_head_dim(int head_dim);
 constexpr int kAttnProfSlots = 15;  // 0-7, 10-13 clock64 stamps, 8-9 globaltimer, 14 the SM
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
 /// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.
@@ -446,6 +453,22 @@ struct EncodeParams {
 };
 /// Blocks per token group of a decode-mode encode with a workspace (EncodeParams::dec_slices).
 constexpr int kEncDecSlices = 8;
+/// Sub-vectors a lane of an encode job holds (the kernels' SPL): the fewest, at least
+/// `at_least`, for which the job's 32 lanes hold whole tokens of n_sub sub-vectors.
+constexpr int encode_lane_slots(int n_sub, int at_least) {
+  int s = at_least < 1 ? 1 : at_least;
+  while ((32 * s) % n_sub != 0) ++s;
+  return s;
+}
+/// Entries per token group and block of the decode-mode workspace (EncodeParams::dec_ws_best),
+/// over 32: the decode kernels' largest SPL at this head_dim (sub_dim 4 or 8).
+constexpr int encode_decode_slots(int head_dim) {
+  const int a = encode_lane_slots(head_dim / 4, (head_dim / 4 + 31) / 32);
+  const int b = encode_lane_slots(head_dim / 8, (head_dim / 8 + 31) / 32);
+  return a > b ? a : b;
+}
+static_assert(encode_decode_slots(64) == 1 && encode_decode_slots(128) == 1 && encode_decode_slots(256) == 2 &&
+              encode_decode_slots(96) == 3 && encode_decode_slots(80) == 5);
 
 /// Launches the encode kernel. decode_mode: all warps of a block share one token group and
 /// split the codebook scan (latency), else one warp per token group (throughput); in throughput

@@ -40,6 +40,13 @@ std::string cache_attention_missing(CacheKind kind, CacheMode mode, int head_dim
   }
   if (ok) return {};
   std::ostringstream os;
+  if (attn_any_head_dim(head_dim)) {  // the plain kernel's rule, not a build option
+    os << who(kind) << ": attention for keys " << keys.str() << ", values " << values.str() << " at head_dim "
+       << head_dim << " has no kernel (head_dim";
+    for (int d : kAnyHeadDims) os << " " << d;
+    os << " run on the plain kernel: codebooks of 4 to 12 bits)";
+    return os.str();
+  }
   if (attends_over_fp16_rows(kind, mode))
     os << who(kind) << (kind == CacheKind::FP16 ? "" : " (standard mode)") << ": fused_sdpa at head_dim " << head_dim
        << " needs the exact-row attention kernel " << attn_config_name(cache_attention_key(kind, mode, head_dim, keys, values, fmt, 1))
@@ -54,8 +61,10 @@ std::string cache_attention_missing(CacheKind kind, CacheMode mode, int head_dim
 std::string cache_unsupported(CacheKind kind, CacheMode mode, int head_dim, PQSpec keys, PQSpec values,
                               CodebookFormat fmt) {
   std::ostringstream os;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256) {
-    os << who(kind) << ": head_dim " << head_dim << " is not supported (64, 128, 256)";
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256 && !attn_any_head_dim(head_dim)) {
+    os << who(kind) << ": head_dim " << head_dim << " is not supported (64, 128, 256";
+    for (int d : kAnyHeadDims) os << ", " << d;
+    os << ")";
     return os.str();
   }
   if (kind == CacheKind::FP16) return {};

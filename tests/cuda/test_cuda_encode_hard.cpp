@@ -1,5 +1,6 @@
 // tests/cuda/test_cuda_encode_hard.cpp — the bulk encoders (sub_dim 4, 8- and 12-bit codes; the
-// scans and the candidate grid's kernel, with 8- and 16-bit candidate lists) against the CPU encoder on inputs built to break it: exact centroids, exact
+// scans and the candidate grid's kernel, with 8- and 16-bit candidate lists) and the latency-mode
+// one, at head_dim 64/128/256 and 80/96, against the CPU encoder on inputs built to break it: exact centroids, exact
 // midpoints of two centroids, near-midpoints, duplicated centroids (exact ties), tiny, huge
 // and overflowing sub-vectors, zeros and non-finite entries. Codes must be bit-identical to
 // ProductQuantizer::encode (it caught the GPU's exact re-rank using FMA where the CPU does not).
@@ -23,7 +24,7 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
   for (const uint64_t seed : {uint64_t(0x7C0DE), uint64_t(0x7C0DF)}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    for (int D : {64, 128, 256})
+    for (int D : {64, 128, 256, 80, 96})
     for (int bits : {8, 12}) {
       SCOPED_TRACE("head_dim " + std::to_string(D) + ", " + std::to_string(bits) + "-bit codes");
       const int H = 2, n = 301;  // 602 token-heads: the last warp job is partial
@@ -100,13 +101,15 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
       // 12 bits: also the grid the caches build on the device (variant 4)
       const cuda::DeviceEncodeGrid dgd = cuda::build_encode_grid_on_device(pq.codebook.data(), nc, 4, Device::cuda(0));
       ASSERT_EQ(dgd.view.cells != nullptr, bits > 8);
-      for (const int variant : {0, 1, 2, 3, 4}) {  // every bulk kernel (EncodeParams::bulk_variant; 3, 4: 1 + grid)
+      // every bulk kernel (EncodeParams::bulk_variant; 3, 4: 1 + grid), then (5) the latency-mode
+      // kernel; head_dim 80 and 96 run the first kernel whatever the variant says
+      for (const int variant : {0, 1, 2, 3, 4, 5}) {
         if (variant == 4 && !dgd.view.cells) continue;
         SCOPED_TRACE("bulk_variant " + std::to_string(variant));
         e.bulk_variant = variant >= 3 ? 1 : variant;
         e.v_grid = variant == 3 ? dg.view : variant == 4 ? dgd.view : cuda::EncodeGrid{};
         ASSERT_EQ(cudaMemset(codes.data(), 0xAB, size_t(rows * rs)), cudaSuccess);
-        cuda::encode_launch(e, false, nullptr);
+        cuda::encode_launch(e, variant == 5, nullptr);
         ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
         std::vector<uint8_t> got(size_t(rows * rs));
         ASSERT_EQ(cudaMemcpy(got.data(), codes.data(), got.size(), cudaMemcpyDeviceToHost), cudaSuccess);

@@ -196,7 +196,7 @@ TEST_P(CudaRuntimeCommitted, CachelessPassMatchesTheCpu) {
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaRuntimeCommitted,
                          ::testing::Values("tiny-llama", "tiny-mistral", "tiny-qwen2", "tiny-qwen3"));
 
-// ---- generated checkpoints with head_dim 64: the device-resident caches --------------------
+// ---- generated checkpoints with head_dim 64, 80 and 96: the device-resident caches ---------
 
 namespace {
 
@@ -211,6 +211,21 @@ vqtest::TinySpec spec_hd64(const std::string& arch) {
     s.model_type = "llama";
     s.hidden = 256, s.intermediate = 384, s.n_kv_heads = 2;
     s.seed = 101;
+  } else if (arch == "llama-hd80") {  // head_dim 80 (Phi-2, StableLM): the plain attention kernel
+    s.name = "cuda-llama-hd80";
+    s.architecture = "LlamaForCausalLM";
+    s.model_type = "llama";
+    s.hidden = 320, s.intermediate = 384, s.n_kv_heads = 2;
+    s.seed = 104;
+  } else if (arch == "qwen3-hd96") {  // head_dim 96 (Phi-3) given explicitly: the plain attention kernel
+    s.name = "cuda-qwen3-hd96";
+    s.architecture = "Qwen3ForCausalLM";
+    s.model_type = "qwen3";
+    s.hidden = 128, s.intermediate = 192, s.n_kv_heads = 2, s.head_dim = 96;
+    s.qk_norm = true;
+    s.tied = true;
+    s.rope_theta = 1000000.0;
+    s.seed = 105;
   } else if (arch == "qwen2") {  // q/k/v biases, GQA 4, tied
     s.name = "cuda-qwen2-hd64";
     s.architecture = "Qwen2ForCausalLM";
@@ -257,7 +272,8 @@ class CudaRuntimeDeviceCache : public ::testing::TestWithParam<std::string> {};
 TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
   VQ_SKIP_WITHOUT_GPU();
   const auto model = load_model(write_hd64(GetParam()));
-  ASSERT_EQ(model->config().head_dim, 64);
+  ASSERT_EQ(model->config().head_dim,
+            GetParam().find("hd96") != std::string::npos ? 96 : GetParam().find("hd80") != std::string::npos ? 80 : 64);
   const uint64_t seed = 7000 + std::hash<std::string>{}(GetParam()) % 1000;
   const int64_t n_prompt = 40, n = 48, V = model->config().vocab_size;
   const auto tokens = random_tokens(n, int(V), seed);
@@ -274,7 +290,7 @@ TEST_P(CudaRuntimeDeviceCache, Fp16CacheOnTheDeviceMatchesTheCpu) {
   ASSERT_EQ(gpu.size(), cpu.size());
   const ErrStats e = compare_rows(gpu, cpu, V, n);
   const int ties = expect_same_greedy(gpu, cpu, V, n, e.max_abs, GetParam());
-  std::printf("[cuda forward] %s hd64, device fp16 cache: vs CPU fp16 cache max_rel %.2e (max_abs %.2e), "
+  std::printf("[cuda forward] %s, device fp16 cache: vs CPU fp16 cache max_rel %.2e (max_abs %.2e), "
               "%d near-tie rows of %lld\n",
               GetParam().c_str(), e.max_rel, e.max_abs, ties, (long long)n);
   EXPECT_LE(e.max_rel, kMaxRelDeviceCache);
@@ -313,7 +329,7 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   LayerCaches ref_caches = make_caches(*model, fp16_options());
   const std::vector<float> exact = vqtest::incremental_logits(*model, ref_caches, tokens, n_prompt);
   const ErrStats q = compare_rows(cpu, exact, V, n);
-  std::printf("[cuda forward] %s hd64, device VecInfer (d4b12/d8b8, %s codebooks, window 16): vs CPU VecInfer "
+  std::printf("[cuda forward] %s, device VecInfer (d4b12/d8b8, %s codebooks, window 16): vs CPU VecInfer "
               "max_rel %.2e (max_abs %.2e); CPU VecInfer vs fp16 cache %.2e\n",
               GetParam().c_str(), codebook_format_name(o.attention_codebooks), e.max_rel, e.max_abs, q.max_rel);
   EXPECT_LE(e.max_rel, kMaxRelVecInferDevice);
@@ -363,7 +379,7 @@ TEST_P(CudaRuntimeDeviceCache, CachelessPassAndObserverMatchTheCpu) {
       kv_rel = std::max(kv_rel, compare_rows(gpu_kv.k[size_t(l)], cpu_kv.k[size_t(l)], row, n).max_rel);
       kv_rel = std::max(kv_rel, compare_rows(gpu_kv.v[size_t(l)], cpu_kv.v[size_t(l)], row, n).max_rel);
     }
-    std::printf("[cuda forward] %s hd64, cache-less pass (%s K/V): logits vs CPU max_rel %.2e, observed K/V %.2e\n",
+    std::printf("[cuda forward] %s, cache-less pass (%s K/V): logits vs CPU max_rel %.2e, observed K/V %.2e\n",
                 GetParam().c_str(), dtype_name(dt), e.max_rel, kv_rel);
     EXPECT_LE(e.max_rel, kMaxRelF32) << dtype_name(dt);
     EXPECT_LE(kv_rel, kMaxRelF32) << dtype_name(dt);
@@ -420,10 +436,10 @@ TEST_P(CudaRuntimeDeviceCache, PerplexityOnTheDeviceMatchesTheCpu) {
     const PerplexityResult gpu = perplexity(*model, dev, tokens, dp);
     cpu_ppl[which] = cpu.ppl();
     const double log_ratio = std::log(gpu.ppl() / cpu.ppl());
-    std::printf("[cuda forward] %s hd64, perplexity (%s cache): device %.5f, CPU %.5f (ln ratio %+.2e)\n",
+    std::printf("[cuda forward] %s, perplexity (%s cache): device %.5f, CPU %.5f (ln ratio %+.2e)\n",
                 GetParam().c_str(), which == 0 ? "fp16" : "VecInfer d4b12/d8b8", gpu.ppl(), cpu.ppl(), log_ratio);
     if (which == 1)
-      std::printf("[cuda forward] %s hd64, perplexity: CPU VecInfer vs CPU fp16 ln ratio %+.2e (the codes' effect)\n",
+      std::printf("[cuda forward] %s, perplexity: CPU VecInfer vs CPU fp16 ln ratio %+.2e (the codes' effect)\n",
                   GetParam().c_str(), std::log(cpu_ppl[1] / cpu_ppl[0]));
     EXPECT_EQ(calls, 2 * 3);
     EXPECT_EQ(gpu.n_windows, 2);
@@ -463,12 +479,20 @@ TEST_P(CudaRuntimeDeviceCache, CollectedSamplesOnTheDeviceMatchTheCpu) {
     worst = std::max(worst, compare_rows(gpu.values[size_t(l)].to_vector_f32(),
                                          cpu.values[size_t(l)].to_vector_f32(), row, 90).max_rel);
   }
-  std::printf("[cuda forward] %s hd64, calibration samples on the device vs the CPU: max_rel %.2e\n",
+  std::printf("[cuda forward] %s, calibration samples on the device vs the CPU: max_rel %.2e\n",
               GetParam().c_str(), worst);
   EXPECT_LE(worst, kMaxRelF32);
 }
 
-INSTANTIATE_TEST_SUITE_P(Hd64, CudaRuntimeDeviceCache, ::testing::Values("llama", "qwen2", "qwen3"));
+// head_dim 64 (the tuned kernels) and 80 / 96 (the plain kernel, attention_any_dim.cu)
+INSTANTIATE_TEST_SUITE_P(Tiny, CudaRuntimeDeviceCache,
+                         ::testing::Values("llama", "qwen2", "qwen3", "llama-hd80", "qwen3-hd96"),
+                         [](const ::testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& c : n)
+                             if (c == '-') c = '_';
+                           return n;
+                         });
 
 // ---- errors ------------------------------------------------------------------------------
 

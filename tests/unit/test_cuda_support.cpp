@@ -62,7 +62,7 @@ TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
       {{4, 8}, {4, 8}},  {{4, 12}, {8, 8}}, {{8, 12}, {8, 12}}, {{4, 10}, {8, 12}},
       {{8, 8}, {8, 8}},  {{2, 8}, {4, 8}},  {{4, 8}, {16, 8}},  {{4, 3}, {4, 8}}};
   int cases = 0, runs = 0, refused = 0, no_attention = 0;
-  for (int D : {64, 96, 128, 256})
+  for (int D : {64, 80, 96, 112, 128, 256})
     for (const auto& [ks, vs] : specs)
       for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash, CacheMode::Standard})
         for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
@@ -72,13 +72,17 @@ TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
           ++cases;
           EXPECT_TRUE(s.built);
           EXPECT_GE(s.devices, 0);
-          const bool dims_ok = D == 64 || D == 128 || D == 256;
+          // head_dim 80 and 96: the plain kernel, every d4/d8 configuration of 4 to 12 bits in every
+          // format (not listed by cuda_attention_configs); 112 has no kernel
+          const bool plain = D == 80 || D == 96;
+          const bool dims_ok = D == 64 || D == 128 || D == 256 || plain;
           const bool subs_ok = (ks.sub_dim == 4 || ks.sub_dim == 8) && (vs.sub_dim == 4 || vs.sub_dim == 8);
           const bool bits_ok = ks.codebook_bits >= 4 && vs.codebook_bits >= 4;
           const bool fused = mode != CacheMode::Standard;
           const std::string kernel = fused ? name(ks, vs, D, f) : name({4, 8}, {4, 8}, D, CodebookFormat::F16);
-          const bool want_cache = dims_ok && subs_ok && bits_ok && (!fused || compiled(kernel));
-          const bool want_attention = want_cache && compiled(kernel);
+          const bool has_kernel = plain ? (ks.codebook_bits <= 12 && vs.codebook_bits <= 12) : compiled(kernel);
+          const bool want_cache = dims_ok && subs_ok && bits_ok && (!fused || has_kernel);
+          const bool want_attention = want_cache && has_kernel;
           EXPECT_EQ(s.cache, want_cache) << s.reason;
           EXPECT_EQ(s.attention, want_attention) << s.reason;
           EXPECT_EQ(s.reason.empty(), want_attention) << s.reason;
@@ -109,9 +113,14 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
   EXPECT_TRUE(f128.cache && f128.attention) << f128.reason;
   EXPECT_EQ(f128.kernel, "d4b8/d4b8@128");
   EXPECT_TRUE(f128.prefill_kernel);
+  // head_dim 96 (and 80): the plain kernel, no prefill kernel
   const CudaSupport f96 = cuda_support(config(CacheKind::FP16, 96, {}, {}, CacheMode::Standard, CodebookFormat::F16));
-  EXPECT_FALSE(f96.cache);
-  EXPECT_EQ(f96.reason, "CUDA FP16 cache: head_dim 96 is not supported (64, 128, 256)");
+  EXPECT_TRUE(f96.cache && f96.attention) << f96.reason;
+  EXPECT_EQ(f96.kernel, "d4b8/d4b8@96");
+  EXPECT_FALSE(f96.prefill_kernel);
+  const CudaSupport f112 = cuda_support(config(CacheKind::FP16, 112, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+  EXPECT_FALSE(f112.cache);
+  EXPECT_EQ(f112.reason, "CUDA FP16 cache: head_dim 112 is not supported (64, 128, 256, 80, 96)");
   // head_dim 256: the cache builds; its fused_sdpa needs d4b8/d4b8@256 (VQ_CUDA_ALL_CONFIGS builds)
   const CudaSupport f256 = cuda_support(config(CacheKind::FP16, 256, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   const std::vector<std::string> list = cuda_attention_configs();

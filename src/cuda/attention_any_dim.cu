@@ -1,0 +1,496 @@
+// src/cuda/attention_any_dim.cu — fused attention on the codes at the head dims that have no
+// tuned kernel (kAnyHeadDims: 80 and 96, Phi-2/StableLM and Phi-3), every codebook configuration
+// and format, in the plain form: the same launch contract as vq_attn_kernel (AttnParams: splits
+// merged by log-sum-exp, row chunks, the exact window as ring or linear rows, the fp16 cache's
+// window-only launches, causal and sliding-window masks, per-sequence lengths, the decode step's
+// length advance and input gate), so every cache path above it (decode steps and their CUDA
+// graphs, eager calls, prefill chunks as row chunks, the Standard and Stash modes, the fp16 cache)
+// runs unchanged at these head dims.
+//
+// What it computes, per (batch b, kv head h, chunk of query rows) and split s: the online-softmax
+// partial of out[row] = Σ_j softmax_j(scale · q̃_row · K̃_j) V̂_j over the split's share of the
+// coded tokens (q̃ = (q ⊙ λ)·H, H the block-diagonal Walsh–Hadamard rotation of hadamard.h, K̃_j
+// the key centroids of token j's codes) and of the exact window (raw q against the stored rows).
+// With int8 key centroids (CodebookFormat I8, I8KV) q̃ is rounded per row to the two-int8 form the
+// tuned kernels score with (vecinfer_attention_ref's int8_query), so a cache answers the same at
+// every head dim.
+//
+// Shape, and why. The tuned kernels gather centroids straight into tensor-core fragments, a
+// layout built on head dims of 32·2^k; this one is the reference-first form, kept simple:
+//  * 256 threads a block; the codebooks decoded once into shared memory as fp16 (int8 and E4M3
+//    entries times their scale), so the loop is the same for every format.
+//  * Tiles of 256 tokens. Scores: a thread a token, its codes read from global memory (L1), each
+//    key centroid dotted with every live row's q̃ (shared-memory broadcasts). The token's value
+//    codes go to shared memory for the value phase.
+//  * Softmax: a warp a row over the tile (max, exp2, sum), the running max and sum in shared
+//    memory, fp32, scores in log2 units.
+//  * Values: a thread owns one value sub-vector (VS dims) of up to 32 / VS rows and every K-th
+//    token of the tile; its fp32 accumulators are summed over the K token lanes once, at the end.
+//  * Splits: the partials (unnormalised) and (max, sum) per row go to the workspace; the last
+//    block of a segment (an acquire-release counter) merges them. No thread-block clusters.
+// Oracle: vecinfer_attention_ref (tests/cuda/test_cuda_cache.cpp runs these head dims through
+// every test that loops over head dims).
+#include <algorithm>
+#include <climits>
+#include <map>
+#include <mutex>
+#include <tuple>
+
+#include <cuda_fp8.h>
+
+#include "cuda/attention_kernel.cuh"
+#include "cuda/cuda_util.cuh"
+#include "cuda/kernels.h"
+
+namespace veloxquant::cuda {
+
+namespace {
+
+constexpr int kAnyThreads = 256;
+constexpr int kAnyTile = 256;     // tokens a tile: one per thread in the score phase
+constexpr int kAnyMaxRows = 16;   // query rows a chunk (8 · n_tiles)
+constexpr int kAnyMaxBits = 12;   // codebooks of up to 4096 centroids (shared memory)
+
+__host__ __device__ constexpr int any_align16(int x) { return (x + 15) & ~15; }
+
+/// Value-phase mapping: a thread owns value sub-vector j of rows [rg·RPT, rg·RPT + RPT) and the
+/// tile's tokens k, k + K, ...
+struct AnyMap {
+  int nvs, rpt, rg, slots, k;
+};
+__host__ __device__ constexpr AnyMap any_map(int D, int VS, int rows) {
+  const int nvs = D / VS, rpt = 32 / VS, rg = (rows + rpt - 1) / rpt;
+  const int slots = nvs * rg;
+  return {nvs, rpt, rg, slots, kAnyThreads / slots};
+}
+
+/// Shared-memory layout (byte offsets), the same on the host (launch size) and the device.
+struct AnyLayout {
+  int kcb, vcb, qt, qr, s, vc, st, red, total;
+};
+__host__ __device__ constexpr AnyLayout any_layout(int D, int KS, int KB, int VS, int VB, int rows, bool codes) {
+  const AnyMap m = any_map(D, VS, rows);
+  AnyLayout L{};
+  int o = 0;
+  L.kcb = o, o += codes ? any_align16((1 << KB) * KS * 2) : 0;  // fp16 key centroids
+  L.vcb = o, o += codes ? any_align16((1 << VB) * VS * 2) : 0;  // fp16 value centroids
+  L.qt = o, o += rows * D * 4;                                  // q̃ per row (f32)
+  L.qr = o, o += rows * D * 4;                                  // raw q per row (f32)
+  L.s = o, o += rows * kAnyTile * 4;                            // the tile's scores, then probabilities
+  L.vc = o, o += any_align16(kAnyTile * (D / VS) * 2);          // the tile's value codes (u16)
+  L.st = o, o += any_align16(3 * rows * 4);                     // running max, sum, this tile's factor
+  L.red = o, o += m.k * rows * D * 4;                           // the value partials' reduction
+  L.total = o;
+  return L;
+}
+
+/// Code m of a packed row (pq.h: LSB-first, `bits` bits a code), the row read through L1.
+__device__ __forceinline__ uint32_t any_code(const uint8_t* row, int m, int bits) {
+  const int bit = m * bits;
+  const uint32_t* w = reinterpret_cast<const uint32_t*>(row) + (bit >> 5);
+  const int o = bit & 31;
+  const uint32_t lo = __ldg(w);
+  const uint32_t hi = (o + bits > 32) ? __ldg(w + 1) : 0u;
+  return __funnelshift_r(lo, hi, o) & ((1u << bits) - 1u);
+}
+
+/// Entry i of a codebook as a float, the scale folded in: fp16 (kind 0),
+/// E4M3 (1) times mul, int8 (2) times mul, offset-binary int8 (3) times mul.
+__device__ __forceinline__ float any_centroid(const void* cb, int kind, int64_t i, float mul) {
+  if (kind == 0) return __half2float(static_cast<const __half*>(cb)[i]);
+  const uint8_t byte = static_cast<const uint8_t*>(cb)[i];
+  if (kind == 1) {
+    const __nv_fp8_e4m3 f = *reinterpret_cast<const __nv_fp8_e4m3*>(&byte);
+    return float(f) * mul;
+  }
+  if (kind == 2) return float(int8_t(byte)) * mul;
+  return float(int(byte) - 128) * mul;
+}
+
+template <int D, int KS, int VS>
+__global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const AttnParams p) {
+  static_assert(D % 16 == 0 && D % KS == 0 && D % VS == 0 && D <= 256, "head_dim a multiple of 16 and the sub_dims");
+  static_assert(kAnyThreads / 32 * 2 >= kAnyMaxRows, "a warp serves at most two rows in the softmax");
+  constexpr int kB = D & -D;  // the Hadamard block (hadamard_block_size)
+  constexpr int kNK = D / KS, kNV = D / VS, kRPT = 32 / VS;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int kRows = p.rows_per_chunk;
+  const int split = blockIdx.x, S = p.n_splits;
+  const int kvh = int(blockIdx.y) / p.n_row_chunks, rchunk = int(blockIdx.y) - kvh * p.n_row_chunks;
+  const int b = blockIdx.z;
+  const int seg = (b * p.n_kv_heads + kvh) * p.n_row_chunks + rchunk;
+  const int G = p.n_heads / p.n_kv_heads;
+  const int rows_total = G * p.q_len;
+  const int n_live = min(kRows, rows_total - rchunk * kRows);
+  const bool codes = !p.win_all;
+  const int KB = codes ? p.plain_key_bits : 0, VB = codes ? p.plain_value_bits : 0;
+  const AnyLayout lay = any_layout(D, KS, KB, VS, VB, kRows, codes);
+  const AnyMap map = any_map(D, VS, kRows);
+  __half* const sKcb = reinterpret_cast<__half*>(smem + lay.kcb);
+  __half* const sVcb = reinterpret_cast<__half*>(smem + lay.vcb);
+  float* const sQt = reinterpret_cast<float*>(smem + lay.qt);
+  float* const sQr = reinterpret_cast<float*>(smem + lay.qr);
+  float* const sS = reinterpret_cast<float*>(smem + lay.s);
+  uint16_t* const sVc = reinterpret_cast<uint16_t*>(smem + lay.vc);
+  float* const sM = reinterpret_cast<float*>(smem + lay.st);
+  float* const sL = sM + kRows;
+  float* const sA = sL + kRows;
+  float* const sRed = reinterpret_cast<float*>(smem + lay.red);
+  __shared__ int sLast;
+
+  // A decode step may launch this kernel as a programmatic dependent of its own kernel before
+  // it (attn_launch's pdl): wait for it before anything is read.
+  grid_dep_wait();
+
+  // ---- codebooks, decoded into fp16 ------------------------------------------------------
+  // Every format as a float times its scale (AttnParams: E4M3 entries c·s with k_cb_qmul =
+  // 1/s_k and v_cb_omul = 1/s_v; int8 keys round(c/s_k) with k_cb_qmul = s_k; offset-binary
+  // int8 values with v_cb_omul = s_v), rounded once to fp16.
+  const int fmt = p.plain_cb_fmt;
+  const int kkind = fmt == 0 ? 0 : fmt == 1 ? 1 : 2, vkind = fmt == 1 ? 1 : fmt == 3 ? 3 : 0;
+  const bool int8_query = fmt == 2 || fmt == 3;
+  if (codes) {
+    const void* kc = kkind ? static_cast<const void*>(p.k_cb8) : static_cast<const void*>(p.k_cb16);
+    const void* vc = vkind ? static_cast<const void*>(p.v_cb8) : static_cast<const void*>(p.v_cb16);
+    const float kmul = kkind ? p.k_cb_qmul : 1.0f, vmul = vkind ? p.v_cb_omul : 1.0f;
+    for (int i = tid; i < (KS << KB); i += kAnyThreads) sKcb[i] = __float2half_rn(any_centroid(kc, kkind, i, kmul));
+    for (int i = tid; i < (VS << VB); i += kAnyThreads) sVcb[i] = __float2half_rn(any_centroid(vc, vkind, i, vmul));
+  }
+
+  // ---- queries: raw q and q̃ = (q ⊙ λ)·H per live row ----------------------------------------
+  for (int i = tid; i < kRows * D; i += kAnyThreads) {
+    const int r = i / D, d = i - r * D;
+    float x = 0.0f;
+    if (r < n_live) {
+      const int gr = rchunk * kRows + r, qi = gr / G, h = kvh * G + (gr - qi * G);
+      x = load_f(p.q.data, p.q.dtype, b * p.q.stride[0] + h * p.q.stride[1] + qi * p.q.stride[2] + d * p.q.stride[3]);
+    }
+    sQr[i] = x;
+    sQt[i] = p.lambda ? x * p.lambda[kvh * D + d] : x;
+  }
+  if (tid < kRows) sM[tid] = -INFINITY, sL[tid] = 0.0f, sA[tid] = 1.0f;
+  __syncthreads();
+  if (codes) {
+    for (int r = warp; r < n_live; r += kAnyThreads / 32) {
+      float* y = sQt + r * D;
+      if (p.use_hadamard) {
+        for (int h = 1; h < kB; h <<= 1) {
+          for (int j = lane; j < D / 2; j += 32) {
+            const int i0 = (j / h) * 2 * h + (j % h);
+            const float a = y[i0], c = y[i0 + h];
+            y[i0] = a + c;
+            y[i0 + h] = a - c;
+          }
+          __syncwarp();
+        }
+        for (int d = lane; d < D; d += 32) y[d] *= p.hadamard_scale;
+        __syncwarp();
+      }
+      if (int8_query) {  // int8 keys: q̃ as two int8s, s·(hi + lo/254), s = max|q̃|/127 (the tuned kernels' rounding)
+        float mx = 0.0f;
+        for (int d = lane; d < D; d += 32) mx = fmaxf(mx, fabsf(y[d]));
+        for (int m = 16; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+        const float inv = mx > 0.0f ? 127.0f / mx : 0.0f, sq = mx * (1.0f / 127.0f);
+        for (int d = lane; d < D; d += 32) {
+          const float x = y[d];
+          const float hi = fminf(127.0f, fmaxf(-127.0f, rintf(x * inv)));
+          const float lo = fminf(127.0f, fmaxf(-127.0f, rintf(__fmul_rn(__fsub_rn(x, __fmul_rn(hi, sq)), inv) * 254.0f)));
+          y[d] = mx > 0.0f ? hi * sq + lo * (sq / 254.0f) : 0.0f;
+        }
+        __syncwarp();
+      }
+    }
+  }
+
+  __syncthreads();  // q̃ complete before any thread scores with it
+
+  // ---- lengths, visibility, this block's share (vq_attn_kernel's arithmetic) -------------------
+  const int L = p.seq_len[b] + p.n_new;
+  int rc = p.win_all ? L : min(p.residual_length, (p.res_count ? p.res_count[b] : 0) + p.n_new);
+  rc = max(0, min(rc, L));
+  const int n_code = L - rc;
+  auto row_bounds = [&](int r, int& lo, int& hi) {
+    attn_query_bounds(p, L - p.q_tail + (rchunk * kRows + r) / G, L, lo, hi);
+  };
+  int lo_u = 0, hi_u = 0, dummy = 0;
+  row_bounds(0, lo_u, dummy);
+  row_bounds(n_live - 1, dummy, hi_u);
+  const int cA = max(lo_u, 0), cB = min(hi_u, n_code);
+  const int64_t Nc = max(0, cB - cA);
+  const int wA = max(lo_u, n_code), wB = min(hi_u, L);
+  const int64_t Nw = max(0, wB - wA);
+  const int64_t ww = p.win_all ? 1 : p.window_weight;
+  const int64_t units = Nc + ww * Nw;
+  const int64_t chunk = ((units + S - 1) / S + 31) / 32 * 32;
+  const int64_t u0 = min(units, int64_t(split) * chunk), u1 = min(units, u0 + chunk);
+  const int c0 = cA + int(min(u0, Nc)), c1 = cA + int(min(u1, Nc));
+  int w0 = 0, w1 = 0;
+  if (u1 > Nc) {
+    const int64_t r0 = (max(u0, Nc) - Nc + ww - 1) / ww;
+    const int64_t r1 = min(Nw, (u1 - Nc + ww - 1) / ww);
+    w0 = wA + int(r0), w1 = wA + int(max(r0, r1));
+  }
+  const int64_t bh = int64_t(b) * p.n_kv_heads + kvh;
+
+  // ---- value-phase ownership ---------------------------------------------------------------
+  const int vslot = tid % map.slots, vk = tid / map.slots;
+  const bool vown = vk < map.k;
+  const int vj = vslot % map.nvs, vrg = vslot / map.nvs;
+  float o[kRPT][VS];
+#pragma unroll
+  for (int rr = 0; rr < kRPT; ++rr)
+#pragma unroll
+    for (int e = 0; e < VS; ++e) o[rr][e] = 0.0f;
+
+  // one tile: scores of tokens [t0, t0 + n) at positions t0.. (coded when `coded`), softmax, values
+  auto tile = [&](int t0, int n, bool coded) {
+    // scores (log2 units), masked per row
+    if (tid < n) {
+      const int t = t0 + tid;
+      float acc[kAnyMaxRows];
+#pragma unroll
+      for (int r = 0; r < kAnyMaxRows; ++r) acc[r] = 0.0f;
+      if (coded) {
+        const uint8_t* krow = p.k_codes + (bh * p.code_cap + t) * p.k_row_stride;
+        const uint8_t* vrow = p.v_codes + (bh * p.code_cap + t) * p.v_row_stride;
+#pragma unroll 4
+        for (int m = 0; m < kNK; ++m) {
+          const uint32_t c = any_code(krow, m, KB);
+          float cv[KS];
+#pragma unroll
+          for (int e = 0; e < KS; ++e) cv[e] = __half2float(sKcb[c * KS + e]);
+#pragma unroll
+          for (int r = 0; r < kAnyMaxRows; ++r) {
+            if (r < n_live) {
+              const float* q = sQt + r * D + m * KS;
+              float s = acc[r];
+#pragma unroll
+              for (int e = 0; e < KS; ++e) s = fmaf(q[e], cv[e], s);
+              acc[r] = s;
+            }
+          }
+        }
+        for (int m = 0; m < kNV; ++m) sVc[tid * kNV + m] = uint16_t(any_code(vrow, m, VB));
+      } else {
+        const int64_t slot = p.win_ring ? t % p.win_cap : t;
+        const uint16_t* krow = static_cast<const uint16_t*>(p.k_win) + (bh * p.win_cap + slot) * D;
+#pragma unroll 2
+        for (int d0 = 0; d0 < D; d0 += 8) {
+          const uint4 w = __ldg(reinterpret_cast<const uint4*>(krow + d0));
+          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+          float kv[8];
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            kv[2 * e] = store16_to_f(uint16_t(ws[e] & 0xFFFFu), p.win_bf16);
+            kv[2 * e + 1] = store16_to_f(uint16_t(ws[e] >> 16), p.win_bf16);
+          }
+#pragma unroll
+          for (int r = 0; r < kAnyMaxRows; ++r) {
+            if (r < n_live) {
+              const float* q = sQr + r * D + d0;
+              float s = acc[r];
+#pragma unroll
+              for (int e = 0; e < 8; ++e) s = fmaf(q[e], kv[e], s);
+              acc[r] = s;
+            }
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kAnyMaxRows; ++r) {  // (unrolled: acc stays in registers)
+        if (r < n_live) {
+          int lo, hi;
+          row_bounds(r, lo, hi);
+          sS[r * kAnyTile + tid] = (t >= lo && t < hi) ? acc[r] * p.scale_log2 : -INFINITY;
+        }
+      }
+    }
+    __syncthreads();
+    // softmax: warp w serves rows w and w + 8
+    for (int r = warp; r < n_live; r += kAnyThreads / 32) {
+      float* s = sS + r * kAnyTile;
+      float mx = -INFINITY;
+      for (int i = lane; i < n; i += 32) mx = fmaxf(mx, s[i]);
+      for (int m = 16; m >= 1; m >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, m));
+      const float m_old = sM[r], m_new = fmaxf(m_old, mx);
+      const float mu = m_new == -INFINITY ? 0.0f : m_new;  // nothing visible yet: every p is 0
+      float sum = 0.0f;
+      for (int i = lane; i < n; i += 32) {
+        const float pr = ex2(s[i] - mu);
+        s[i] = pr;
+        sum += pr;
+      }
+      for (int m = 16; m >= 1; m >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, m);
+      if (lane == 0) {
+        const float a = ex2(m_old - mu);  // m_old = -inf: 0 (and the old sum is 0)
+        sA[r] = a;
+        sL[r] = sL[r] * a + sum;
+        sM[r] = m_new;
+      }
+    }
+    __syncthreads();
+    // values
+    if (vown) {
+#pragma unroll
+      for (int rr = 0; rr < kRPT; ++rr) {
+        const int r = vrg * kRPT + rr;
+        const float a = r < n_live ? sA[r] : 1.0f;
+#pragma unroll
+        for (int e = 0; e < VS; ++e) o[rr][e] *= a;
+      }
+      for (int i = vk; i < n; i += map.k) {
+        float cv[VS];
+        if (coded) {
+          const int c = sVc[i * kNV + vj];
+#pragma unroll
+          for (int e = 0; e < VS; ++e) cv[e] = __half2float(sVcb[c * VS + e]);
+        } else {
+          const int t = t0 + i;
+          const int64_t slot = p.win_ring ? t % p.win_cap : t;
+          const uint16_t* vrow = static_cast<const uint16_t*>(p.v_win) + (bh * p.win_cap + slot) * D + vj * VS;
+#pragma unroll
+          for (int e = 0; e < VS; ++e) cv[e] = store16_to_f(vrow[e], p.win_bf16);
+        }
+#pragma unroll
+        for (int rr = 0; rr < kRPT; ++rr) {
+          const int r = vrg * kRPT + rr;
+          if (r < n_live) {
+            const float pr = sS[r * kAnyTile + i];
+#pragma unroll
+            for (int e = 0; e < VS; ++e) o[rr][e] = fmaf(pr, cv[e], o[rr][e]);
+          }
+        }
+      }
+    }
+    __syncthreads();  // the next tile rewrites the scores and the value codes
+  };
+  for (int t0 = c0; t0 < c1; t0 += kAnyTile) tile(t0, min(kAnyTile, c1 - t0), true);
+  for (int t0 = w0; t0 < w1; t0 += kAnyTile) tile(t0, min(kAnyTile, w1 - t0), false);
+
+  // ---- the value partials summed over the K token lanes ------------------------------------
+  if (vown) {
+#pragma unroll
+    for (int rr = 0; rr < kRPT; ++rr) {
+      const int r = vrg * kRPT + rr;
+      if (r < kRows)
+#pragma unroll
+        for (int e = 0; e < VS; ++e) sRed[(vk * kRows + r) * D + vj * VS + e] = o[rr][e];
+    }
+  }
+  __syncthreads();
+  auto write_out = [&](int r, int d, float v) {
+    const int gr = rchunk * kRows + r, qi = gr / G, h = kvh * G + (gr - qi * G);
+    store_f(p.out, p.out_dtype, b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2] + d * p.out_stride[3],
+            v);
+  };
+  bool seg_done = true;
+  if (S == 1) {
+    for (int i = tid; i < n_live * D; i += kAnyThreads) {
+      const int r = i / D, d = i - r * D;
+      float acc = 0.0f;
+      for (int k = 0; k < map.k; ++k) acc += sRed[(k * kRows + r) * D + d];
+      write_out(r, d, sL[r] > 0.0f ? acc / sL[r] : 0.0f);
+    }
+  } else {
+    const int64_t sbase = (int64_t(seg) * S + split) * kRows;
+    for (int i = tid; i < n_live * D; i += kAnyThreads) {
+      const int r = i / D, d = i - r * D;
+      float acc = 0.0f;
+      for (int k = 0; k < map.k; ++k) acc += sRed[(k * kRows + r) * D + d];
+      p.ws_o[(sbase + r) * D + d] = acc;
+    }
+    if (tid < n_live) {
+      p.ws_ml[(sbase + tid) * 2] = sM[tid];
+      p.ws_ml[(sbase + tid) * 2 + 1] = sL[tid];
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) sLast = atom_add_acq_rel_gpu(&p.counters[seg], 1) == S - 1;
+    __syncthreads();
+    seg_done = sLast != 0;
+    if (seg_done) {
+      __threadfence();
+      const int64_t s0 = int64_t(seg) * S * kRows;
+      for (int i = tid; i < n_live * D; i += kAnyThreads) {
+        const int r = i / D, d = i - r * D;
+        float M = -INFINITY;
+        for (int s = 0; s < S; ++s) M = fmaxf(M, __ldcg(p.ws_ml + (s0 + int64_t(s) * kRows + r) * 2));
+        const float Mu = M == -INFINITY ? 0.0f : M;
+        float acc = 0.0f, lt = 0.0f;
+        for (int s = 0; s < S; ++s) {
+          const int64_t rs = s0 + int64_t(s) * kRows + r;
+          const float f = ex2(__ldcg(p.ws_ml + rs * 2) - Mu);
+          acc += __ldcg(p.ws_o + rs * D + d) * f;
+          lt += __ldcg(p.ws_ml + rs * 2 + 1) * f;
+        }
+        write_out(r, d, lt > 0.0f ? acc / lt : 0.0f);
+      }
+      if (tid == 0) p.counters[seg] = 0;  // ready for the next launch (graph replays)
+    }
+  }
+
+  // ---- decode step: the very last segment advances the lengths ------------------------------
+  if (p.advance && seg_done && tid == 0) {
+    __threadfence();
+    const int n_seg = p.batch * p.n_kv_heads * p.n_row_chunks;
+    if (atomicAdd(p.done_counter, 1) == n_seg - 1) {
+      const bool gated = p.gate != nullptr && (p.gate[0] | p.gate[1]) != 0;
+      for (int bb = 0; bb < p.batch && !gated; ++bb) {
+        p.seq_len_rw[bb] += p.n_new;
+        if (p.res_count_rw) p.res_count_rw[bb] = min(p.residual_length, p.res_count_rw[bb] + p.n_new);
+      }
+      *p.done_counter = 0;
+      __threadfence();
+    }
+  }
+}
+
+template <int D, int KS, int VS>
+const void* any_kernel() {
+  return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS>);
+}
+
+template <int D>
+const void* any_kernel_for(int ks, int vs) {
+  if (ks == 4) return vs == 4 ? any_kernel<D, 4, 4>() : any_kernel<D, 4, 8>();
+  return vs == 4 ? any_kernel<D, 8, 4>() : any_kernel<D, 8, 8>();
+}
+
+}  // namespace
+
+bool attn_any_head_dim(int head_dim) {
+  for (int d : kAnyHeadDims)
+    if (d == head_dim) return true;
+  return false;
+}
+
+const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
+  if (!attn_any_head_dim(k.head_dim)) return nullptr;
+  if ((k.key_sub_dim != 4 && k.key_sub_dim != 8) || (k.value_sub_dim != 4 && k.value_sub_dim != 8)) return nullptr;
+  if (k.key_bits < 4 || k.key_bits > kAnyMaxBits || k.value_bits < 4 || k.value_bits > kAnyMaxBits) return nullptr;
+  if (k.n_tiles < 1 || k.n_tiles > 2 || k.cb_fmt < 0 || k.cb_fmt > 3) return nullptr;
+  const int D = k.head_dim, rows = 8 * k.n_tiles;
+  const int smem = any_layout(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, rows, true).total;
+  if (smem > 227 * 1024) return nullptr;
+  static std::mutex mu;
+  static std::map<std::tuple<int, int, int, int, int, int, int>, AttnEntry> entries;
+  std::lock_guard<std::mutex> lock(mu);
+  const auto key = std::make_tuple(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, k.n_tiles, k.cb_fmt);
+  auto it = entries.find(key);
+  if (it == entries.end()) {
+    AttnEntry e{};
+    e.key = k;
+    e.kernel = D == 80 ? any_kernel_for<80>(k.key_sub_dim, k.value_sub_dim)
+                       : any_kernel_for<96>(k.key_sub_dim, k.value_sub_dim);
+    e.smem = smem;
+    e.threads = kAnyThreads;
+    e.k_row = ((D / k.key_sub_dim * k.key_bits + 7) / 8 + 3) / 4 * 4;
+    e.v_row = ((D / k.value_sub_dim * k.value_bits + 7) / 8 + 3) / 4 * 4;
+    e.plain = 1;
+    it = entries.emplace(key, e).first;
+  }
+  return &it->second;  // std::map nodes never move
+}
+
+}  // namespace veloxquant::cuda
