@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
-# Run 186: the plain kernel of head_dim 80 and 96 with its code rows staged by cp.async one tile
-# ahead and an instantiation per live-row count (1, 4, 8, 16); run 185 was the first version (0.55x
-# of the fp16 peer at d4b8: latency-bound on per-thread code loads). As run 185: the tests that
-# draw these head dims, then the decode table at 96 and 80 through the cache API with the PyTorch
-# peer at the same head_dim measured in the same command (peer_sdpa.py --plain). (Every CUDA test
-# ran in run 185 on the tree before, whose other sources this run's tree keeps.)
+# Run 186 — PREPARED, NOT RUN (the fifteenth session's device time was spent on failed starts).
+# The plain kernel of head_dim 80 and 96 with its code rows staged into shared memory by cp.async
+# one tile ahead, vectorised centroid and window-row loads, and one instantiation per live-row
+# count (1, 4, 8, 16: a model without GQA, as Phi-2 and Phi-3, scores one row a kv head, not
+# eight). Run 185's version (on main) read each thread's code row through L1 a sub-vector at a
+# time and was latency-bound: 0.55x of the fp16 peer at d4b8. The change is a patch, not on main
+# until it has run on a GPU:
+#   git apply docs/cuda-runs/run186-plain-staged.patch && bash scripts/gpu_bundle.sh
+# (compiled here for sm_90 and sm_80, and CI passed with it: commit 4ddc27e; ptxas: 128 registers,
+# 12-100 bytes of spills in the NR <= 8 instantiations, up to 376 in NR = 16). Then, on the GPU:
 #   bash docs/cuda-runs/run186-plain-staged.sh run186
+# The tests that draw head_dim 80/96, then the decode table at 96 and 80 through the cache API
+# with the PyTorch peer at the same head_dim measured in the same command.
 source scripts/gpu_run_start.sh "$1" --no-peer
 $T --gtest_filter='CudaAttention.PlainKernel*:CudaEncode.*:CudaFP16Cache.*:CudaCache.CreateAndAttention*:CudaAttention.DecodeAndPrefill*:CudaAttention.*Codebooks*:CudaAttention.Int8*:*CudaRuntimeDeviceCache*' > $OUT/$1-plain-tests.log 2>&1
-grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda attention|cuda forward\] (llama|qwen3)_?-?hd" $OUT/$1-plain-tests.log | head -40
+grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda attention|cuda forward\] (llama|qwen3)-hd" $OUT/$1-plain-tests.log | head -40
 echo "tests: $(( $(date +%s) - t0 )) s"
 PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --out $OUT/b/peer-plain.txt > $OUT/$1-peer-plain.log 2>&1 || echo "peer failed"
 grep PEER $OUT/$1-peer-plain.log
