@@ -269,6 +269,22 @@ KVCacheConfig device_cache_config(const Spec& s, CodebookFormat fmt, cudaStream_
   return c;
 }
 
+/// The caches the prefill and head_dim 80/96 tables time through the cache API: d4b8 and the
+/// defaults with int8 keys, and the fp16 cache.
+struct BenchCache {
+  std::string name;
+  CacheKind kind;
+  Spec s;
+  CodebookFormat fmt;
+};
+const std::vector<BenchCache>& bench_caches() {
+  static const std::vector<BenchCache> v = {
+      {"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
+      {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
+      {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
+  return v;
+}
+
 /// Device us per call of `call` (the runtime's eager calls on `cache`): 2 warm-up calls, then 20
 /// queued between the timer's events on `stream`, with `decode_max` as cuda::update_decode_max
 /// and deferred input checks on or off (their verdict read after the 20); host_us, when given,
@@ -618,15 +634,7 @@ int main(int argc, char** argv) {
   // against a CPU cache of the same configuration fed the same tokens (NMSE, bound 1e-2: the
   // int8 keys' rounding; a wrong token or dimension gives ~1).
   if (plain) {
-    struct PlCfg {
-      std::string name;
-      CacheKind kind;
-      Spec s;
-      CodebookFormat fmt;
-    };
-    const std::vector<PlCfg> cfgs = {{"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
-                                     {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
-                                     {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
+    const std::vector<BenchCache>& cfgs = bench_caches();
     const std::vector<std::pair<int, int>> pshapes =
         quick ? std::vector<std::pair<int, int>>{{1, 131072}}
               : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
@@ -638,7 +646,7 @@ int main(int argc, char** argv) {
     for (int D : {96, 80}) {
       const auto dpeer =
           peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_peer(peer_path, "PEER" + std::to_string(D));
-      for (const PlCfg& pc : cfgs)
+      for (const BenchCache& pc : cfgs)
         for (const auto& [B, L] : pshapes) {
           if (!selected(pc.name)) continue;
           KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
@@ -740,15 +748,7 @@ int main(int argc, char** argv) {
     };
     // (3072 x 1024: the defaults' routing threshold, cuda::kPrefillShortHistory = 4 chunks of tokens)
     const std::vector<PCase> pcases = {{0, 4096}, {3072, 1024}, {8192, 512}, {32768, 512}, {32768, 2048}};
-    struct PCfg {
-      std::string name;
-      CacheKind kind;
-      Spec s;
-      CodebookFormat fmt;
-    };
-    const std::vector<PCfg> pcfgs = {{"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
-                                     {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
-                                     {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
+    const std::vector<BenchCache>& pcfgs = bench_caches();
     std::printf("\nprefill attention, batch 1, %d q / %d kv heads, head_dim %d, window %d, causal; int8 keys\n", kH, kKV, kD, kR);
     std::printf("| cache | history | chunk | prefill kernel, 64-row blocks us | prefill kernel, 128-row blocks us | "
                 "prefill kernel over dequantized rows us | decode kernel, one launch us | 16-query launches us | "
@@ -756,7 +756,7 @@ int main(int argc, char** argv) {
                 "NMSE prefill 64 / 128 / rows / one launch vs 16 |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     bool prefill_ok = true;
-    for (const PCfg& pc : pcfgs)
+    for (const BenchCache& pc : pcfgs)
       for (const PCase& c : pcases) {
         if (!selected(pc.name)) continue;  // --filter applies to the prefill table's caches too
         KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);

@@ -431,19 +431,7 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
   }
 
   // ---- decode step: the very last segment advances the lengths ------------------------------
-  if (p.advance && seg_done && tid == 0) {
-    __threadfence();
-    const int n_seg = p.batch * p.n_kv_heads * p.n_row_chunks;
-    if (atomicAdd(p.done_counter, 1) == n_seg - 1) {
-      const bool gated = p.gate != nullptr && (p.gate[0] | p.gate[1]) != 0;
-      for (int bb = 0; bb < p.batch && !gated; ++bb) {
-        p.seq_len_rw[bb] += p.n_new;
-        if (p.res_count_rw) p.res_count_rw[bb] = min(p.residual_length, p.res_count_rw[bb] + p.n_new);
-      }
-      *p.done_counter = 0;
-      __threadfence();
-    }
-  }
+  if (p.advance && seg_done && tid == 0) attn_advance_lengths(p);
 }
 
 template <int D, int KS, int VS>

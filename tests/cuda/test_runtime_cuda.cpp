@@ -217,15 +217,6 @@ vqtest::TinySpec spec_hd64(const std::string& arch) {
     s.model_type = "llama";
     s.hidden = 320, s.intermediate = 384, s.n_kv_heads = 2;
     s.seed = 104;
-  } else if (arch == "qwen3-hd96") {  // head_dim 96 (Phi-3) given explicitly: the plain attention kernel
-    s.name = "cuda-qwen3-hd96";
-    s.architecture = "Qwen3ForCausalLM";
-    s.model_type = "qwen3";
-    s.hidden = 128, s.intermediate = 192, s.n_kv_heads = 2, s.head_dim = 96;
-    s.qk_norm = true;
-    s.tied = true;
-    s.rope_theta = 1000000.0;
-    s.seed = 105;
   } else if (arch == "qwen2") {  // q/k/v biases, GQA 4, tied
     s.name = "cuda-qwen2-hd64";
     s.architecture = "Qwen2ForCausalLM";
@@ -235,15 +226,17 @@ vqtest::TinySpec spec_hd64(const std::string& arch) {
     s.tied = true;
     s.rope_theta = 1000000.0;
     s.seed = 102;
-  } else {  // qwen3: q/k RMSNorm, explicit head_dim (n_heads · head_dim ≠ hidden)
-    s.name = "cuda-qwen3-hd64";
+  } else {  // qwen3: q/k RMSNorm, explicit head_dim (n_heads · head_dim ≠ hidden); "qwen3-hd96":
+            // head_dim 96 (Phi-3's), the plain attention kernel
+    const bool hd96 = arch == "qwen3-hd96";
+    s.name = hd96 ? "cuda-qwen3-hd96" : "cuda-qwen3-hd64";
     s.architecture = "Qwen3ForCausalLM";
     s.model_type = "qwen3";
-    s.hidden = 128, s.intermediate = 192, s.n_kv_heads = 2, s.head_dim = 64;
+    s.hidden = 128, s.intermediate = 192, s.n_kv_heads = 2, s.head_dim = hd96 ? 96 : 64;
     s.qk_norm = true;
     s.tied = true;
     s.rope_theta = 1000000.0;
-    s.seed = 103;
+    s.seed = hd96 ? 105 : 103;
   }
   return s;
 }
