@@ -285,6 +285,29 @@ const std::vector<BenchCache>& bench_caches() {
   return v;
 }
 
+/// Fills a host fp16 tensor with uniform values in [-1, 1] from a fast LCG (state `st`).
+void lcg_fill_f16(Tensor& t, uint64_t& st) {
+  uint16_t* h = t.ptr<uint16_t>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    st = st * 6364136223846793005ull + 1442695040888963407ull;
+    h[i] = float_to_half(float(int32_t(st >> 33) % 20001) * 1e-4f - 1.0f);
+  }
+}
+
+/// NMSE of device fp16 rows `got` (n floats' worth, read back) against the CPU's `want`; false
+/// where a value is not finite.
+bool nmse_vs(const uint16_t* got, const std::vector<float>& w, size_t n, double& e) {
+  double num = 0, den = 0;
+  bool finite = true;
+  for (size_t i = 0; i < n; ++i) {
+    const double g = half_to_float(got[i]);
+    finite &= std::isfinite(g);
+    num += (g - w[i]) * (g - w[i]), den += double(w[i]) * w[i];
+  }
+  e = den > 0 ? num / den : 1.0;
+  return finite;
+}
+
 /// Device us per call of `call` (the runtime's eager calls on `cache`): 2 warm-up calls, then 20
 /// queued between the timer's events on `stream`, with `decode_max` as cuda::update_decode_max
 /// and deferred input checks on or off (their verdict read after the 20); host_us, when given,
@@ -463,6 +486,9 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --quick             the batch-1 shape only
   --prefill           only the prefill table
   --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API)
+  --plain-kv N        that table's kv heads (default 8, Llama's GQA; 32 is Phi-3's shape, no GQA)
+  --plain-dim D       that table at head_dim D only (96 or 80; default both)
+  --plain --prefill   prompts at head_dim 96 and 80 instead (peer: peer_sdpa.py --plain --prefill)
   --skip-encode, --skip-step          leave out the encode and decode-step tables
   --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
   --guard-us US       a GPU spin after each flush (diagnosis)
@@ -488,6 +514,7 @@ int main(int argc, char** argv) {
   bool startup_probe_only = false;
   bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
        value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, prefill = false, plain = false;
+  int plain_kv = kKV, plain_dim = 0;  // --plain-kv, --plain-dim (0: 96 and 80)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a == "--peer" && i + 1 < argc) peer_path = argv[++i];
@@ -503,6 +530,8 @@ int main(int argc, char** argv) {
     else if (a == "--quick") quick = true;
     else if (a == "--prefill") prefill = true;  // only the prefill table (peer lines PREFILL from peer_sdpa.py --prefill)
     else if (a == "--plain") plain = true;  // only the head_dim 80/96 table (peer lines PEER80/PEER96 from peer_sdpa.py --plain)
+    else if (a == "--plain-kv" && i + 1 < argc) plain_kv = std::atoi(argv[++i]);
+    else if (a == "--plain-dim" && i + 1 < argc) plain_dim = std::atoi(argv[++i]);
     else if (a == "--skip-encode") skip_encode = true;
     else if (a == "--skip-step") skip_step = true;
     else if (a == "--noflush") flush_mode = Flush::kNone;  // L2 kept warm (diagnosis only)
@@ -634,16 +663,103 @@ int main(int argc, char** argv) {
   // against a CPU cache of the same configuration fed the same tokens (NMSE, bound 1e-2: the
   // int8 keys' rounding; a wrong token or dimension gives ~1).
   if (plain) {
+    if (plain_kv <= 0 || kH % plain_kv != 0 || (plain_dim != 0 && plain_dim != 96 && plain_dim != 80)) {
+      std::fprintf(stderr, "bench_decode_cuda: --plain-kv takes a divisor of %d (got %d), --plain-dim 96 or 80 (got %d)\n", kH,
+                   plain_kv, plain_dim);
+      return 2;
+    }
+    const int KV = plain_kv;
+    const std::vector<int> dims = plain_dim ? std::vector<int>{plain_dim} : std::vector<int>{96, 80};
     const std::vector<BenchCache>& cfgs = bench_caches();
+    // ---- --plain --prefill: prompts at head_dim 96 / 80 --------------------------------------
+    // A cache (batch 1) holding `hist` tokens takes a chunk of q (update), then fused_sdpa_into
+    // of the chunk's q queries, causal, by whatever path the cache takes at these head dims (row
+    // chunks of the plain kernel): median device time, L2 flushed before each. Validation: the
+    // chunk's last 16 queries against a CPU cache fed the same tokens (a causal query sees the
+    // same keys whether it comes in a chunk of q or of 16). Peer: peer_sdpa.py --plain --prefill
+    // (lines PREFILL96 / PREFILL80; PyTorch SDPA over fp16 K/V, lower-right causal mask).
+    if (prefill) {
+      struct PCase {
+        int hist, q;
+      };
+      const std::vector<PCase> pcases = {{0, 4096}, {3072, 1024}, {32768, 512}};  // PLAIN_PREFILL_CASES
+      bool ok_all = true;
+      std::printf("\nprefill attention at head_dim 96 and 80 (plain kernel's row chunks), batch 1, %d q / %d kv heads, "
+                  "window %d, causal\n", kH, KV, kR);
+      std::printf("| head_dim | cache | history | chunk | us | TFLOP/s | peer us | peer | speedup | NMSE vs CPU (last 16) |\n");
+      std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+      for (int D : dims) {
+        const auto ppeer = peer_path.empty() ? std::map<std::pair<int, int>, Peer>{}
+                                             : read_peer(peer_path, "PREFILL" + std::to_string(D));
+        for (const BenchCache& pc : cfgs)
+          for (const PCase& c : pcases) {
+            if (!selected(pc.name)) continue;
+            KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
+            cfg.kind = pc.kind;
+            cfg.head_dim = D;
+            cfg.n_kv_heads = KV;
+            auto cache = KVCacheFactory::create(cfg);
+            dynamic_cast<CudaKVCache*>(cache.get())->reserve(c.hist + c.q, 1);
+            KVCacheConfig ccpu = cfg;
+            ccpu.device = Device::cpu();
+            auto cpu = KVCacheFactory::create(ccpu);
+            uint64_t st = 0xD1B54A32D192ED03ull ^ uint64_t(D * 7919 + c.hist + c.q);
+            auto feed = [&](int n) {  // n tokens into both caches
+              Tensor hk = Tensor::empty({1, KV, n, D}, DType::F16), hv = Tensor::empty({1, KV, n, D}, DType::F16);
+              lcg_fill_f16(hk, st), lcg_fill_f16(hv, st);
+              Tensor dk = to_device_bench(hk), dv = to_device_bench(hv);
+              cache->update(dk.view(), dv.view());
+              cpu->update(hk.view(), hv.view());
+            };
+            for (int h = 0; h < c.hist; h += 8192) feed(std::min(8192, c.hist - h));
+            feed(c.q);
+            Tensor hq = Tensor::empty({1, kH, c.q, D}, DType::F16);
+            lcg_fill_f16(hq, st);
+            Tensor q = to_device_bench(hq);
+            Tensor out = Tensor::empty({1, kH, c.q, D}, DType::F16, Device::cuda(0));
+            CK(cudaDeviceSynchronize());
+            SdpaParams sp;
+            sp.causal = true;
+            const double us = flushed_median_us(tm, flush, 2, std::max(5, reps / 2),
+                                                [&] { cache->fused_sdpa_into(q.view(), out.view(), sp); });
+            // the last 16 queries against the CPU cache
+            const int t = std::min(16, c.q);
+            Tensor hq16 = Tensor::empty({1, kH, t, D}, DType::F16);
+            std::vector<uint16_t> got(size_t(kH) * t * D), all(size_t(kH) * c.q * D);
+            CK(cudaMemcpy(all.data(), out.data(), all.size() * 2, cudaMemcpyDeviceToHost));
+            for (int h = 0; h < kH; ++h) {
+              std::memcpy(hq16.ptr<uint16_t>() + size_t(h) * t * D, hq.ptr<uint16_t>() + (size_t(h) * c.q + c.q - t) * D,
+                          size_t(t) * D * 2);
+              std::memcpy(got.data() + size_t(h) * t * D, all.data() + (size_t(h) * c.q + c.q - t) * D, size_t(t) * D * 2);
+            }
+            double e = 1.0;
+            const bool ok = nmse_vs(got.data(), cpu->fused_sdpa(hq16.view(), sp).to_vector_f32(), got.size(), e) && e < 1e-2;
+            ok_all &= ok;
+            const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
+            const double tf = 4.0 * D * kH * keys / (us * 1e-6) / 1e12;
+            auto it = ppeer.find({c.hist, c.q});
+            char peer_cols[96] = "- | - | -";
+            if (it != ppeer.end())
+              std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
+                            it->second.us / us);
+            std::printf("| %d | %s | %d | %d | %.1f | %.1f | %s | %.1e%s |\n", D, pc.name.c_str(), c.hist, c.q, us, tf,
+                        peer_cols, e, ok ? "" : " FAILED");
+            std::fflush(stdout);
+          }
+      }
+      std::printf("\nhead_dim 96/80 prefill validation: %s\n", ok_all ? "every chunk's last 16 queries within 1e-2 of the CPU cache" : "FAILED");
+      cudaFree(flush.buf);
+      return ok_all ? 0 : 1;
+    }
     const std::vector<std::pair<int, int>> pshapes =
         quick ? std::vector<std::pair<int, int>>{{1, 131072}}
               : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
     bool plain_ok = true;
     std::printf("\ndecode attention at head_dim 96 and 80 (plain kernel), %d q / %d kv heads, q_len 1, window %d\n", kH,
-                kKV, kR);
+                KV, kR);
     std::printf("| head_dim | cache | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
-    for (int D : {96, 80}) {
+    for (int D : dims) {
       const auto dpeer =
           peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_peer(peer_path, "PEER" + std::to_string(D));
       for (const BenchCache& pc : cfgs)
@@ -652,6 +768,7 @@ int main(int argc, char** argv) {
           KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
           cfg.kind = pc.kind;
           cfg.head_dim = D;
+          cfg.n_kv_heads = KV;
           auto cache = KVCacheFactory::create(cfg);
           auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
           cc->reserve(L, B);
@@ -660,16 +777,9 @@ int main(int argc, char** argv) {
           auto cpu = KVCacheFactory::create(ccpu);
           // fill: host chunks [B, kv, n, D] of fp16 from a fast LCG, uploaded; row 0 also to the CPU twin
           const int chunk = std::max(1, std::min(L, (1 << 21) / B));
-          Tensor hk = Tensor::empty({B, kKV, chunk, D}, DType::F16), hv = Tensor::empty({B, kKV, chunk, D}, DType::F16);
+          Tensor hk = Tensor::empty({B, KV, chunk, D}, DType::F16), hv = Tensor::empty({B, KV, chunk, D}, DType::F16);
           uint64_t st = 0x9E3779B97F4A7C15ull ^ uint64_t(D * 1000003 + B);
-          auto fill_host = [&](Tensor& t) {
-            uint16_t* h = t.ptr<uint16_t>();
-            for (int64_t i = 0; i < t.numel(); ++i) {
-              st = st * 6364136223846793005ull + 1442695040888963407ull;
-              const float u = float(int32_t(st >> 33) % 20001) * 1e-4f - 1.0f;  // [-1, 1]
-              h[i] = float_to_half(u);
-            }
-          };
+          auto fill_host = [&](Tensor& t) { lcg_fill_f16(t, st); };
           for (int t0 = 0; t0 < L; t0 += chunk) {
             const int n = std::min(chunk, L - t0);
             fill_host(hk), fill_host(hv);
@@ -696,23 +806,15 @@ int main(int argc, char** argv) {
           const Tensor want = cpu->fused_sdpa(q0, sp);
           std::vector<uint16_t> got(size_t(kH) * D);
           CK(cudaMemcpy(got.data(), out.data(), got.size() * 2, cudaMemcpyDeviceToHost));
-          const std::vector<float> w = want.to_vector_f32();
-          double num = 0, den = 0;
-          bool finite = true;
-          for (size_t i = 0; i < got.size(); ++i) {
-            const double g = half_to_float(got[i]);
-            finite &= std::isfinite(g);
-            num += (g - w[i]) * (g - w[i]), den += double(w[i]) * w[i];
-          }
-          const double e = den > 0 ? num / den : 1.0;
-          const bool ok = finite && e < 1e-2;
+          double e = 1.0;
+          const bool ok = nmse_vs(got.data(), want.to_vector_f32(), got.size(), e) && e < 1e-2;
           plain_ok &= ok;
           // bytes read: the coded tokens' rows and the window's (VecInfer), or every fp16 row
           const int64_t R = pc.kind == CacheKind::VecInfer ? std::min<int64_t>(kR, L) : L;
           const int krs = ((D / pc.s.ks * pc.s.kb + 7) / 8 + 3) / 4 * 4, vrs = ((D / pc.s.vs * pc.s.vb + 7) / 8 + 3) / 4 * 4;
-          const double bytes = double(B) * kKV *
+          const double bytes = double(B) * KV *
                                    (pc.kind == CacheKind::VecInfer ? double(L - R) * (krs + vrs) : 0.0) +
-                               double(B) * kKV * R * D * 4.0 + 2.0 * B * kH * D * 2.0;
+                               double(B) * KV * R * D * 4.0 + 2.0 * B * kH * D * 2.0;
           auto it = dpeer.find({B, L});
           char peer_cols[96] = "- | - | -";
           if (it != dpeer.end())

@@ -13,7 +13,8 @@ the best one per shape is the peer. Output lines:
 With --plain: the decode peer at head_dim 96 and 80 instead (bench_decode_cuda --plain), lines
     PEER96 <batch> <context> <us> <TB/s> <backend>   and   PEER80 ...
 
-With --prefill: the prefill peer instead. A chunk of q queries [1, 32, q, 128] over fp16 K/V
+With --prefill: the prefill peer instead (with --plain too: at head_dim 96 and 80, lines
+PREFILL96 / PREFILL80, bench_decode_cuda --plain --prefill). A chunk of q queries [1, 32, q, 128] over fp16 K/V
 [1, 8, history + q, 128], causal with the mask aligned to the lower right (query i sees
 history + i + 1 keys, as a chunk appended to a cache does), per backend (GQA native; where a
 backend refuses the lower-right mask with GQA, with K/V repeated to 32 heads outside the timed
@@ -70,16 +71,22 @@ def time_it(fn, reps, flush):
 
 
 PREFILL_CASES = [(0, 4096), (3072, 1024), (8192, 512), (32768, 512), (32768, 2048)]
+PLAIN_PREFILL_CASES = [(0, 4096), (3072, 1024), (32768, 512)]  # bench_decode_cuda --plain --prefill
 
 
 def prefill(a):
+    """Lines PREFILL hist q us tflops backend; with --plain, PREFILL96 / PREFILL80 (--dims) over
+    PLAIN_PREFILL_CASES."""
     from torch.nn.attention.bias import causal_lower_right
 
+    global D
     dev = torch.device("cuda")
     flush = make_flush(a.flush, dev)
     lines = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()} (prefill), L2 flush: {a.flush}", flush=True)
-    for hist, ql in PREFILL_CASES:
+    dims = [(int(d), f"PREFILL{int(d)}") for d in a.dims.split(",")] if a.plain else [(D, "PREFILL")]
+    cases = PLAIN_PREFILL_CASES if a.plain else PREFILL_CASES
+    for (D, tag), (hist, ql) in [(d, c) for d in dims for c in cases]:
         n = hist + ql
         torch.manual_seed(0)
         q = torch.randn(1, H, ql, D, device=dev, dtype=torch.float16)
@@ -126,7 +133,7 @@ def prefill(a):
                     best = (us, tf, label)
                 break  # GQA native worked: the repeated K/V are not needed for this backend
         if best:
-            lines.append(f"PREFILL {hist} {ql} {best[0]:.2f} {best[1]:.1f} {best[2]}")
+            lines.append(f"{tag} {hist} {ql} {best[0]:.2f} {best[1]:.1f} {best[2]}")
             print(lines[-1], flush=True)
         del q, k, v, kr, vr
         torch.cuda.empty_cache()
@@ -137,12 +144,15 @@ def prefill(a):
 
 
 def main():
+    global D, HKV
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=None)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--prefill", action="store_true")
     ap.add_argument("--plain", action="store_true", help="head_dim 96 and 80 (PEER96 / PEER80 lines)")
+    ap.add_argument("--kv-heads", type=int, default=HKV, help="kv heads (default 8; 32: Phi-3, no GQA)")
+    ap.add_argument("--dims", default="96,80", help="with --plain: the head dims (default 96,80)")
     ap.add_argument("--flush", choices=("clean", "dirty", "none"), default="clean")
     ap.add_argument("--sets", type=int, default=1, help="independent inputs timed in turn (flush check)")
     ap.add_argument("--guard-us", type=float, default=0.0, help="GPU spin before each start event (diagnosis)")
@@ -150,6 +160,7 @@ def main():
     clock_hz = torch.cuda.get_device_properties(0).clock_rate * 1e3 if hasattr(
         torch.cuda.get_device_properties(0), "clock_rate") else 1.98e9
     GUARD_CYCLES[0] = int(a.guard_us * 1e-6 * clock_hz)
+    HKV = a.kv_heads
     if a.prefill:
         return prefill(a)
     shapes = [(1, 131072)] if a.quick else [(1, 131072), (8, 32768), (64, 16384)]
@@ -157,8 +168,7 @@ def main():
     flush = make_flush(a.flush, dev)
     lines = []
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}, L2 flush: {a.flush}, {a.sets} input set(s), guard {a.guard_us:g} us", flush=True)
-    global D
-    dims = [(96, "PEER96"), (80, "PEER80")] if a.plain else [(D, "PEER")]
+    dims = [(int(d), f"PEER{int(d)}") for d in a.dims.split(",")] if a.plain else [(D, "PEER")]
     for (D, tag), (b, n) in [(d, s) for d in dims for s in shapes]:
         torch.manual_seed(0)
         q = torch.randn(b, H, 1, D, device=dev, dtype=torch.float16)
