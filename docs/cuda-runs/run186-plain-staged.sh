@@ -1,24 +1,45 @@
 #!/usr/bin/env bash
-# Run 186 — PREPARED, NOT RUN (the fifteenth session's device time was spent on failed starts).
-# The plain kernel of head_dim 80 and 96 with its code rows staged into shared memory by cp.async
-# one tile ahead, vectorised centroid and window-row loads, and one instantiation per live-row
-# count (1, 4, 8, 16: a model without GQA, as Phi-2 and Phi-3, scores one row a kv head, not
-# eight). Run 185's version (on main) read each thread's code row through L1 a sub-vector at a
-# time and was latency-bound: 0.55x of the fp16 peer at d4b8. The change is a patch, not on main
-# until it has run on a GPU:
-#   git apply docs/cuda-runs/run186-plain-staged.patch && bash scripts/gpu_bundle.sh
-# (compiled here for sm_90 and sm_80, and CI passed with it: commit 4ddc27e; ptxas: 128 registers,
-# 12-100 bytes of spills in the NR <= 8 instantiations, up to 376 in NR = 16). Then, on the GPU:
-#   bash docs/cuda-runs/run186-plain-staged.sh run186 [a|b]   (a: tests and the decode table;
-#   b: Phi-3's shape and prompts; both by default, ~10 min)
-# The tests that draw head_dim 80/96, then the decode table at 96 and 80 through the cache API
-# with the PyTorch peer at the same head_dim measured in the same command; then Phi-3's own shape
-# (32 kv heads) at 96.
+# Run 186 — PREPARED, NOT RUN (the fifteenth and sixteenth sessions' device time went on failed
+# starts: no machine was lent in either). Two changes, each a patch off main until it has run on a GPU:
+#  * run186-plain-staged.patch: the plain kernel of head_dim 80 and 96 with its code rows staged
+#    into shared memory by cp.async one tile ahead, vectorised centroid and window-row loads, and
+#    one instantiation per live-row count (1, 4, 8, 16: a model without GQA, as Phi-2 and Phi-3,
+#    scores one row a kv head, not eight). Run 185's version (on main) read each thread's code row
+#    through L1 a sub-vector at a time and was latency-bound: 0.55x of the fp16 peer at d4b8.
+#    ptxas: 128 registers, 12-100 bytes of spills in the NR <= 8 instantiations, up to 376 in 16.
+#  * run186-prefill-80-96.patch: prompts at 80/96 on the exact-rows prefill kernel (over the fp16
+#    cache's and the Standard mode's rows, a memory-bound cache's tokens expanded into rows by the
+#    lanes expansion kernel at 5 and 6 lanes a row, a Stash cache's held rows; history splits and
+#    their merge), cuda_support reporting it, and CudaAttention.ExactRowsPrefillAtHeadDims80And96.
+#    ptxas: 245 (80) / 212 (96, tiles of 32) registers, no spill; the PTX of every existing prefill
+#    and expansion kernel is unchanged.
+# Both together passed CI (bash .ci/run on a clean clone: 302 + 215 tests, the sm_80 check; 1243 s,
+# 2026-12-07). To run:
+#   git apply docs/cuda-runs/run186-plain-staged.patch docs/cuda-runs/run186-prefill-80-96.patch
+#   bash scripts/gpu_bundle.sh   (nothing to build where .gpu-bundle's stamp is 2168a65470a527c6)
+# then on the GPU:
+#   bash docs/cuda-runs/run186-plain-staged.sh run186 [t|a|b|ab]
+#   t: the tests of the change and the d4b8 rows of the decode table (~3 min, for a short budget);
+#   a: the tests that draw head_dim 80/96 and the prefill paths, then the decode table at 96 and 80
+#      through the cache API with the PyTorch peer at the same head_dim measured in the same command;
+#   b: prompts at 96/80 against the peer, then Phi-3's own shape (32 kv heads) at 96; ab (default)
+#      both, ~10 min.
 source scripts/gpu_run_start.sh "$1" --no-peer
 part=${2:-ab}
+# part t (a short device budget): the tests of the change, then the head_dim 96/80 d4b8 decode rows
+if [[ $part == t ]]; then
+$T --gtest_filter='CudaAttention.PlainKernel*:CudaAttention.ExactRows*:CudaAttention.PrefillOverDequantized*:CudaFP16Cache.*' > $OUT/$1-plain-tests.log 2>&1
+grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda prefill" $OUT/$1-plain-tests.log | head -30
+echo "tests: $(( $(date +%s) - t0 )) s"
+PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --out $OUT/b/peer-plain.txt > $OUT/$1-peer-plain.log 2>&1 || echo "peer failed"
+grep PEER $OUT/$1-peer-plain.log
+$B --peer $OUT/b/peer-plain.txt --plain --filter 'd4b8/d4b8+i8$' --reps 20 > $OUT/$1-plain-table.log 2>&1
+grep -E "^\| (96|80) |validation|FAILED" $OUT/$1-plain-table.log | head -30
+echo "table: $(( $(date +%s) - t0 )) s"
+fi
 if [[ $part == *a* ]]; then
-$T --gtest_filter='CudaAttention.PlainKernel*:CudaEncode.*:CudaFP16Cache.*:CudaCache.CreateAndAttention*:CudaAttention.DecodeAndPrefill*:CudaAttention.*Codebooks*:CudaAttention.Int8*:*CudaRuntimeDeviceCache*' > $OUT/$1-plain-tests.log 2>&1
-grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda attention|cuda forward\] (llama|qwen3)-hd" $OUT/$1-plain-tests.log | head -40
+$T --gtest_filter='CudaAttention.PlainKernel*:CudaAttention.ExactRows*:CudaAttention.Prefill*:CudaAttention.AutoPrefillRouting:CudaEncode.*:CudaFP16Cache.*:CudaCache.CreateAndAttention*:CudaAttention.DecodeAndPrefill*:CudaAttention.*Codebooks*:CudaAttention.Int8*:*CudaRuntimeDeviceCache*' > $OUT/$1-plain-tests.log 2>&1
+grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda prefill|\[cuda attention|cuda forward\] (llama|qwen3)-hd" $OUT/$1-plain-tests.log | head -40
 echo "tests: $(( $(date +%s) - t0 )) s"
 PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --out $OUT/b/peer-plain.txt > $OUT/$1-peer-plain.log 2>&1 || echo "peer failed"
 grep PEER $OUT/$1-peer-plain.log
@@ -27,16 +48,17 @@ grep -E "^device|^\| (96|80) |validation|FAILED" $OUT/$1-plain-table.log | head 
 echo "table: $(( $(date +%s) - t0 )) s"
 fi
 if [[ $part == *b* ]]; then
+# prompts at 96 and 80, by the cache's default path (the exact-rows prefill kernel over rows where
+# the grid fills the GPU), against PyTorch SDPA (lower-right causal)
+PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --prefill --out $OUT/b/peer-plain-prefill.txt > $OUT/$1-peer-plain-prefill.log 2>&1 || echo "peer failed"
+grep PREFILL $OUT/$1-peer-plain-prefill.log
+$B --peer $OUT/b/peer-plain-prefill.txt --plain --prefill --reps 10 > $OUT/$1-plain-prefill.log 2>&1
+grep -E "^\| (96|80) |validation|FAILED" $OUT/$1-plain-prefill.log | head -20
+echo "prefill: $(( $(date +%s) - t0 )) s"
 # Phi-3's own shape: 32 q / 32 kv heads (no GQA, one live row a kv head), head_dim 96
 PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --kv-heads 32 --dims 96 --out $OUT/b/peer-phi3.txt > $OUT/$1-peer-phi3.log 2>&1 || echo "peer failed"
 grep PEER $OUT/$1-peer-phi3.log
 $B --peer $OUT/b/peer-phi3.txt --plain --plain-kv 32 --plain-dim 96 --reps 20 > $OUT/$1-phi3-table.log 2>&1
 grep -E "^\| 96 |validation|FAILED" $OUT/$1-phi3-table.log | head -12
 echo "phi3: $(( $(date +%s) - t0 )) s"
-# prompts at 96 and 80: the plain kernel's row chunks against PyTorch SDPA (lower-right causal)
-PYTHONUNBUFFERED=1 python3 bench/cuda/peer_sdpa.py --plain --prefill --out $OUT/b/peer-plain-prefill.txt > $OUT/$1-peer-plain-prefill.log 2>&1 || echo "peer failed"
-grep PREFILL $OUT/$1-peer-plain-prefill.log
-$B --peer $OUT/b/peer-plain-prefill.txt --plain --prefill --reps 10 > $OUT/$1-plain-prefill.log 2>&1
-grep -E "^\| (96|80) |validation|FAILED" $OUT/$1-plain-prefill.log | head -20
-echo "prefill: $(( $(date +%s) - t0 )) s"
 fi
