@@ -355,6 +355,23 @@ std::map<std::pair<int, int>, Peer> read_peer(const std::string& path, const std
   return m;
 }
 
+/// A table row's peer columns "us | backend | speedup" for `key` (our time `us`), or dashes where
+/// the peer has no line for it.
+std::string peer_columns(const std::map<std::pair<int, int>, Peer>& peer, std::pair<int, int> key, double us) {
+  auto it = peer.find(key);
+  if (it == peer.end()) return "- | - | -";
+  char b[96];
+  std::snprintf(b, sizeof b, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(), it->second.us / us);
+  return b;
+}
+
+/// TFLOP/s of a causal prefill chunk of q queries over hist tokens of history: 4·head_dim per
+/// (query head, visible key), kH query heads.
+double prefill_tflops(int hist, int q, int head_dim, double us) {
+  const double keys = double(q) * hist + double(q) * (q + 1) / 2;
+  return 4.0 * head_dim * kH * keys / (us * 1e-6) / 1e12;
+}
+
 struct Buffers {
   uint8_t *kc = nullptr, *vc = nullptr;
   __half *kw = nullptr, *vw = nullptr, *q = nullptr, *out = nullptr;
@@ -735,15 +752,9 @@ int main(int argc, char** argv) {
             double e = 1.0;
             const bool ok = nmse_vs(got.data(), cpu->fused_sdpa(hq16.view(), sp).to_vector_f32(), got.size(), e) && e < 1e-2;
             ok_all &= ok;
-            const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
-            const double tf = 4.0 * D * kH * keys / (us * 1e-6) / 1e12;
-            auto it = ppeer.find({c.hist, c.q});
-            char peer_cols[96] = "- | - | -";
-            if (it != ppeer.end())
-              std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
-                            it->second.us / us);
-            std::printf("| %d | %s | %d | %d | %.1f | %.1f | %s | %.1e%s |\n", D, pc.name.c_str(), c.hist, c.q, us, tf,
-                        peer_cols, e, ok ? "" : " FAILED");
+            std::printf("| %d | %s | %d | %d | %.1f | %.1f | %s | %.1e%s |\n", D, pc.name.c_str(), c.hist, c.q, us,
+                        prefill_tflops(c.hist, c.q, D, us), peer_columns(ppeer, {c.hist, c.q}, us).c_str(), e,
+                        ok ? "" : " FAILED");
             std::fflush(stdout);
           }
       }
@@ -815,13 +826,9 @@ int main(int argc, char** argv) {
           const double bytes = double(B) * KV *
                                    (pc.kind == CacheKind::VecInfer ? double(L - R) * (krs + vrs) : 0.0) +
                                double(B) * KV * R * D * 4.0 + 2.0 * B * kH * D * 2.0;
-          auto it = dpeer.find({B, L});
-          char peer_cols[96] = "- | - | -";
-          if (it != dpeer.end())
-            std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
-                          it->second.us / us);
           std::printf("| %d | %s | %dx%d | %.1f | %.0f | %.1f MB | %s | %.1e%s |\n", D, pc.name.c_str(), B, L, us,
-                      bytes / (us * 1e-6) / 1e9, bytes / 1e6, peer_cols, e, ok ? "" : " FAILED");
+                      bytes / (us * 1e-6) / 1e9, bytes / 1e6, peer_columns(dpeer, {B, L}, us).c_str(), e,
+                      ok ? "" : " FAILED");
           std::fflush(stdout);
         }
     }
@@ -942,13 +949,8 @@ int main(int argc, char** argv) {
         const bool ok = finite && nmse_d < 1e-4 && nmse_128 < 1e-4 && nmse_1 < 1e-5 && nmse_def < 1e-4 &&
                         nmse_rows < 1e-4 && rows_ran == coded;
         prefill_ok &= ok;
-        const double keys = double(c.q) * c.hist + double(c.q) * (c.q + 1) / 2;
-        const double tflops = 4.0 * kD * kH * keys / (usd * 1e-6) / 1e12;
-        auto it = ppeer.find({c.hist, c.q});
-        char peer_cols[96] = "- | - | -";
-        if (it != ppeer.end())
-          std::snprintf(peer_cols, sizeof peer_cols, "%.1f | %s | %.2fx", it->second.us, it->second.backend.c_str(),
-                        it->second.us / usd);
+        const double tflops = prefill_tflops(c.hist, c.q, kD, usd);
+        const std::string peer_cols = peer_columns(ppeer, {c.hist, c.q}, usd);
         char us64[32] = "-", nmse64[32] = "-", usrows[48] = "-", nmserows[32] = "-";
         if (has64) std::snprintf(us64, sizeof us64, "%.1f", usp), std::snprintf(nmse64, sizeof nmse64, "%.1e", nmse_d);
         if (rows_ran)
@@ -957,7 +959,7 @@ int main(int argc, char** argv) {
         std::printf("| %s | %d | %d | %s | %.1f | %s | %.1f | %.1f | %s | %.1f | %.2fx | %.0f | %s | %s / %.1e / %s / %.1e%s |\n",
                     pc.name.c_str(), c.hist, c.q, us64, usp128, usrows, us1, us16,
                     def_rows ? "prefill kernel over rows" : ran_prefill ? "prefill kernel" : "decode kernel", usd,
-                    us16 / usd, tflops, peer_cols, nmse64, nmse_128, nmserows, nmse_1, ok ? "" : " FAILED");
+                    us16 / usd, tflops, peer_cols.c_str(), nmse64, nmse_128, nmserows, nmse_1, ok ? "" : " FAILED");
         std::fflush(stdout);
       }
     std::printf("\nprefill validation: %s\n", prefill_ok ? "every path's output agrees with the 16-query launches'"
