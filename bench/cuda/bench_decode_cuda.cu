@@ -285,6 +285,15 @@ const std::vector<BenchCache>& bench_caches() {
   return v;
 }
 
+/// A bench cache's device configuration at another layer shape (the head_dim 96/80 tables).
+KVCacheConfig bench_cache_config(const BenchCache& pc, int head_dim, int n_kv_heads) {
+  KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
+  cfg.kind = pc.kind;
+  cfg.head_dim = head_dim;
+  cfg.n_kv_heads = n_kv_heads;
+  return cfg;
+}
+
 /// Fills a host fp16 tensor with uniform values in [-1, 1] from a fast LCG (state `st`).
 void lcg_fill_f16(Tensor& t, uint64_t& st) {
   uint16_t* h = t.ptr<uint16_t>();
@@ -711,10 +720,7 @@ int main(int argc, char** argv) {
         for (const BenchCache& pc : cfgs)
           for (const PCase& c : pcases) {
             if (!selected(pc.name)) continue;
-            KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
-            cfg.kind = pc.kind;
-            cfg.head_dim = D;
-            cfg.n_kv_heads = KV;
+            const KVCacheConfig cfg = bench_cache_config(pc, D, KV);
             auto cache = KVCacheFactory::create(cfg);
             dynamic_cast<CudaKVCache*>(cache.get())->reserve(c.hist + c.q, 1);
             KVCacheConfig ccpu = cfg;
@@ -776,10 +782,7 @@ int main(int argc, char** argv) {
       for (const BenchCache& pc : cfgs)
         for (const auto& [B, L] : pshapes) {
           if (!selected(pc.name)) continue;
-          KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
-          cfg.kind = pc.kind;
-          cfg.head_dim = D;
-          cfg.n_kv_heads = KV;
+          const KVCacheConfig cfg = bench_cache_config(pc, D, KV);
           auto cache = KVCacheFactory::create(cfg);
           auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
           cc->reserve(L, B);
