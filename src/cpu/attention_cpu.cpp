@@ -8,9 +8,10 @@
 // (groups of more than 4 heads, several queries) run as one task that walks the chunk in
 // tiles, every block's pass over a tile back to back (dense_partial_group), so those blocks
 // too read each K/V byte from memory once. Inside a unit: scores of all chunk tokens
-// (F16C/AVX-512 dot products of two key rows against 4 query rows, the sums reduced 4 at a
-// time), then per-row max, exp and the value accumulation (4 rows × 64 dims = 16 zmm
-// accumulators per pass). Decode reads each K/V byte exactly once, so on this machine it runs
+// (dot products of two key rows against 4 query rows, the sums reduced 4 at a time), then
+// per-row max, exp and the value accumulation (up to 16 vector accumulators per pass). The
+// fast kernels are written once over simd_vec.h's VecF: AVX-512 (4 rows × 64 dims a pass) or
+// AVX2 + F16C (8 accumulators); elsewhere the scalar loops. Decode reads each K/V byte exactly once, so on this machine it runs
 // at memory bandwidth.
 #include <algorithm>
 #include <cstring>
@@ -18,6 +19,7 @@
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
+#include "cpu/simd_vec.h"
 #include "veloxquant/attention.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/error.h"
@@ -59,12 +61,13 @@ bool softmax_chunk(float* S4, int64_t t0, int64_t n, const RowBlock& rb, Partial
   }
   float m[4] = {kNegInf, kNegInf, kNegInf, kNegInf};
   int64_t i = 0;
-#if defined(__AVX512F__)
-  __m512 mv = _mm512_set1_ps(kNegInf);
-  for (; i + 4 <= n; i += 4) mv = _mm512_max_ps(mv, _mm512_loadu_ps(S4 + 4 * i));
-  alignas(64) float a[16];
-  _mm512_store_ps(a, mv);
-  for (int l = 0; l < 16; ++l) m[l & 3] = std::max(m[l & 3], a[l]);
+#if VQ_HAVE_VECF
+  constexpr int L = VecF::kLanes;
+  auto mv = VecF::set1(kNegInf);
+  for (; i + L / 4 <= n; i += L / 4) mv = VecF::max(mv, VecF::load(S4 + 4 * i));
+  float a[L];
+  VecF::store(a, mv);
+  for (int l = 0; l < L; ++l) m[l & 3] = std::max(m[l & 3], a[l]);
 #endif
   for (; i < n; ++i)
     for (int r = 0; r < 4; ++r) m[r] = std::max(m[r], S4[4 * i + r]);
@@ -171,21 +174,11 @@ void dense_values_generic(const DenseSource& src, int64_t a, int64_t b, int64_t 
   }
 }
 
-#if defined(__AVX512F__)
-template <DType T>
-inline __m512 load16(const char* p) {
-  if constexpr (T == DType::F16) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  } else if constexpr (T == DType::BF16) {
-    return _mm512_castsi512_ps(
-        _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
-  } else {
-    return _mm512_loadu_ps(reinterpret_cast<const float*>(p));
-  }
-}
-
-template <DType T>
-void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const RowBlock& rb, float* S4) {
+#if VQ_HAVE_VECF
+// The fast dense kernels (head_dim % V::kLanes == 0, unit head_dim stride), on VecF.
+template <typename V, DType T>
+void dense_scores_simd(const DenseSource& src, int64_t a, int64_t b, int64_t D, const RowBlock& rb, float* S4) {
+  constexpr int L = V::kLanes;
   const int es = dtype_size(T);
   const float* q0 = rb.q;
   const float* q1 = rb.q + D;
@@ -193,7 +186,7 @@ void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
   const float* q3 = rb.q + 3 * D;
   int64_t t = a;
   // Two tokens at a time: 8 independent FMA chains instead of 4 (one token's 4 chains, each
-  // head_dim / 16 deep, leave the FMA pipes half idle on their latency), and each query slice
+  // head_dim / L deep, leave the FMA pipes half idle on their latency), and each query slice
   // loaded once for both.
   for (; t + 2 <= b; t += 2) {
     const char* kp0 = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
@@ -202,102 +195,88 @@ void dense_scores_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, c
       const char* pf = kp0 + 16 * src.k_ts * es;
       for (int64_t off = 0; off < 2 * D * es; off += 64) _mm_prefetch(pf + off, _MM_HINT_T0);
     }
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 k0 = load16<T>(kp0 + d * es), k1 = load16<T>(kp1 + d * es);
-      __m512 qv = _mm512_loadu_ps(q0 + d);
-      a0 = _mm512_fmadd_ps(qv, k0, a0);
-      b0 = _mm512_fmadd_ps(qv, k1, b0);
-      qv = _mm512_loadu_ps(q1 + d);
-      a1 = _mm512_fmadd_ps(qv, k0, a1);
-      b1 = _mm512_fmadd_ps(qv, k1, b1);
-      qv = _mm512_loadu_ps(q2 + d);
-      a2 = _mm512_fmadd_ps(qv, k0, a2);
-      b2 = _mm512_fmadd_ps(qv, k1, b2);
-      qv = _mm512_loadu_ps(q3 + d);
-      a3 = _mm512_fmadd_ps(qv, k0, a3);
-      b3 = _mm512_fmadd_ps(qv, k1, b3);
+    typename V::T a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (int64_t d = 0; d < D; d += L) {
+      const auto k0 = V::template load_as<T>(kp0 + d * es), k1 = V::template load_as<T>(kp1 + d * es);
+      auto qv = V::load(q0 + d);
+      a0 = V::fmadd(qv, k0, a0);
+      b0 = V::fmadd(qv, k1, b0);
+      qv = V::load(q1 + d);
+      a1 = V::fmadd(qv, k0, a1);
+      b1 = V::fmadd(qv, k1, b1);
+      qv = V::load(q2 + d);
+      a2 = V::fmadd(qv, k0, a2);
+      b2 = V::fmadd(qv, k1, b2);
+      qv = V::load(q3 + d);
+      a3 = V::fmadd(qv, k0, a3);
+      b3 = V::fmadd(qv, k1, b3);
     }
-    _mm_storeu_ps(S4 + 4 * (t - a), hsum4_512(a0, a1, a2, a3));
-    _mm_storeu_ps(S4 + 4 * (t + 1 - a), hsum4_512(b0, b1, b2, b3));
+    _mm_storeu_ps(S4 + 4 * (t - a), V::hsum4(a0, a1, a2, a3));
+    _mm_storeu_ps(S4 + 4 * (t + 1 - a), V::hsum4(b0, b1, b2, b3));
   }
   for (; t < b; ++t) {
     const char* kp = static_cast<const char*>(src.k) + src.slot(t) * src.k_ts * es;
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 kv = load16<T>(kp + d * es);
-      a0 = _mm512_fmadd_ps(_mm512_loadu_ps(q0 + d), kv, a0);
-      a1 = _mm512_fmadd_ps(_mm512_loadu_ps(q1 + d), kv, a1);
-      a2 = _mm512_fmadd_ps(_mm512_loadu_ps(q2 + d), kv, a2);
-      a3 = _mm512_fmadd_ps(_mm512_loadu_ps(q3 + d), kv, a3);
+    typename V::T a0 = V::zero(), a1 = a0, a2 = a0, a3 = a0;
+    for (int64_t d = 0; d < D; d += L) {
+      const auto kv = V::template load_as<T>(kp + d * es);
+      a0 = V::fmadd(V::load(q0 + d), kv, a0);
+      a1 = V::fmadd(V::load(q1 + d), kv, a1);
+      a2 = V::fmadd(V::load(q2 + d), kv, a2);
+      a3 = V::fmadd(V::load(q3 + d), kv, a3);
     }
-    _mm_storeu_ps(S4 + 4 * (t - a), hsum4_512(a0, a1, a2, a3));
+    _mm_storeu_ps(S4 + 4 * (t - a), V::hsum4(a0, a1, a2, a3));
   }
 }
 
-// One slab of NZ·16 value dims [s0, s0 + 16·NZ) for 4 rows: 4·NZ accumulators in registers.
-template <DType T, int NZ>
-void dense_values_slab(const DenseSource& src, int64_t a, int64_t b, int64_t D, int64_t s0, const float* P4,
-                       float* o) {
-  const int es = dtype_size(T);
-  __m512 acc[4][NZ];
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_loadu_ps(o + r * D + s0 + 16 * j);
-  for (int64_t t = a; t < b; ++t) {
-    const float* p = P4 + 4 * (t - a);
-    const char* vp = static_cast<const char*>(src.v) + (src.slot(t) * src.v_ts + s0) * es;
-    __m512 vv[NZ];
-    for (int j = 0; j < NZ; ++j) vv[j] = load16<T>(vp + 16 * j * es);
-    for (int r = 0; r < 4; ++r) {
-      const __m512 pr = _mm512_set1_ps(p[r]);
-      for (int j = 0; j < NZ; ++j) acc[r][j] = _mm512_fmadd_ps(pr, vv[j], acc[r][j]);
-    }
-  }
-  for (int r = 0; r < 4; ++r)
-    for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(o + r * D + s0 + 16 * j, acc[r][j]);
-}
-
-// Full head_dim for RP rows at a time (RP·NZ <= 16 accumulators), over sub-blocks of 32
-// tokens: the first row pass streams each V row once, in order (what the hardware prefetcher
-// wants); the other passes re-read the sub-block from L1.
-template <DType T, int NZ, int RP>
+// o[r] += Σ_t P[t][r]·V_t for the 4 rows, over sub-blocks of 32 tokens; within one, dims in
+// groups of NZ vectors and rows RP at a time (RP·NZ accumulators in registers). With one group
+// (NZ·L == head_dim) the first row pass streams each V row once, in order (what the hardware
+// prefetcher wants); the other passes re-read the sub-block from L1.
+template <typename V, DType T, int NZ, int RP>
 void dense_values_rows(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
+  constexpr int L = V::kLanes;
   const int es = dtype_size(T);
   for (int64_t tb = a; tb < b; tb += 32) {
     const int64_t te = std::min(b, tb + 32);
-    for (int r0 = 0; r0 < 4; r0 += RP) {
-      __m512 acc[RP][NZ];
-      for (int i = 0; i < RP; ++i)
-        for (int j = 0; j < NZ; ++j) acc[i][j] = _mm512_loadu_ps(o + (r0 + i) * D + 16 * j);
-      for (int64_t t = tb; t < te; ++t) {
-        const float* p = P4 + 4 * (t - a) + r0;
-        const char* vp = static_cast<const char*>(src.v) + src.slot(t) * src.v_ts * es;
-        __m512 pr[RP];
-        for (int i = 0; i < RP; ++i) pr[i] = _mm512_set1_ps(p[i]);
-        for (int j = 0; j < NZ; ++j) {
-          const __m512 vv = load16<T>(vp + 16 * j * es);
-          for (int i = 0; i < RP; ++i) acc[i][j] = _mm512_fmadd_ps(pr[i], vv, acc[i][j]);
+    for (int64_t g0 = 0; g0 < D; g0 += NZ * L) {
+      for (int r0 = 0; r0 < 4; r0 += RP) {
+        typename V::T acc[RP][NZ];
+        for (int i = 0; i < RP; ++i)
+          for (int j = 0; j < NZ; ++j) acc[i][j] = V::load(o + (r0 + i) * D + g0 + L * j);
+        for (int64_t t = tb; t < te; ++t) {
+          const float* p = P4 + 4 * (t - a) + r0;
+          const char* vp = static_cast<const char*>(src.v) + (src.slot(t) * src.v_ts + g0) * es;
+          typename V::T pr[RP];
+          for (int i = 0; i < RP; ++i) pr[i] = V::set1(p[i]);
+          for (int j = 0; j < NZ; ++j) {
+            const auto vv = V::template load_as<T>(vp + L * j * es);
+            for (int i = 0; i < RP; ++i) acc[i][j] = V::fmadd(pr[i], vv, acc[i][j]);
+          }
         }
+        for (int i = 0; i < RP; ++i)
+          for (int j = 0; j < NZ; ++j) V::store(o + (r0 + i) * D + g0 + L * j, acc[i][j]);
       }
-      for (int i = 0; i < RP; ++i)
-        for (int j = 0; j < NZ; ++j) _mm512_storeu_ps(o + (r0 + i) * D + 16 * j, acc[i][j]);
     }
   }
 }
 
-template <DType T>
-void dense_values_512(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
-  switch (D / 16) {
-    case 4: return dense_values_rows<T, 4, 4>(src, a, b, D, P4, o);
-    case 5: return dense_values_rows<T, 5, 2>(src, a, b, D, P4, o);
-    case 6: return dense_values_rows<T, 6, 2>(src, a, b, D, P4, o);
-    case 8: return dense_values_rows<T, 8, 2>(src, a, b, D, P4, o);
-    case 16: return dense_values_rows<T, 16, 1>(src, a, b, D, P4, o);
-    default: break;
+template <typename V, DType T>
+void dense_values_simd(const DenseSource& src, int64_t a, int64_t b, int64_t D, const float* P4, float* o) {
+  constexpr int L = V::kLanes;
+  if constexpr (V::kAcc >= 16) {  // the whole head_dim in one group where it fits 16 accumulators
+    switch (D / L) {
+      case 4: return dense_values_rows<V, T, 4, 4>(src, a, b, D, P4, o);
+      case 5: return dense_values_rows<V, T, 5, 2>(src, a, b, D, P4, o);
+      case 6: return dense_values_rows<V, T, 6, 2>(src, a, b, D, P4, o);
+      case 8: return dense_values_rows<V, T, 8, 2>(src, a, b, D, P4, o);
+      case 16: return dense_values_rows<V, T, 16, 1>(src, a, b, D, P4, o);
+      default: break;
+    }
   }
-  int64_t s0 = 0;
-  for (; s0 + 64 <= D; s0 += 64) dense_values_slab<T, 4>(src, a, b, D, s0, P4, o);
-  for (; s0 + 16 <= D; s0 += 16) dense_values_slab<T, 1>(src, a, b, D, s0, P4, o);
+  constexpr int RP4 = V::kAcc >= 16 ? 4 : 2;  // rows a pass with 4 vectors a group
+  if (D % (4 * L) == 0) return dense_values_rows<V, T, 4, RP4>(src, a, b, D, P4, o);
+  if (D % (2 * L) == 0) return dense_values_rows<V, T, 2, 4>(src, a, b, D, P4, o);
+  return dense_values_rows<V, T, 1, 4>(src, a, b, D, P4, o);
 }
 #endif
 
@@ -332,9 +311,9 @@ void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t
   const int64_t tile = nb == 1 ? n : kGroupTile;
   float* S = scratch.scores.get(size_t(nb * stride));
   float* tmp = scratch.tmp.get(size_t(D));
-#if defined(__AVX512F__)
-  const bool fast_k = src.k_ds == 1 && D % 16 == 0;
-  const bool fast_v = src.v_ds == 1 && D % 16 == 0;
+#if VQ_HAVE_VECF
+  const bool fast_k = src.k_ds == 1 && D % VecF::kLanes == 0;
+  const bool fast_v = src.v_ds == 1 && D % VecF::kLanes == 0;
 #else
   const bool fast_k = false, fast_v = false;
 #endif
@@ -345,11 +324,11 @@ void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t
     for (int j = 0; j < nb; ++j) {
       float* Sj = S + j * stride + 4 * (ts - a);
       if (fast_k) {
-#if defined(__AVX512F__)
+#if VQ_HAVE_VECF
         switch (src.kt) {
-          case DType::F16: dense_scores_512<DType::F16>(src, ts, te, D, *rbs[j], Sj); break;
-          case DType::BF16: dense_scores_512<DType::BF16>(src, ts, te, D, *rbs[j], Sj); break;
-          default: dense_scores_512<DType::F32>(src, ts, te, D, *rbs[j], Sj); break;
+          case DType::F16: dense_scores_simd<VecF, DType::F16>(src, ts, te, D, *rbs[j], Sj); break;
+          case DType::BF16: dense_scores_simd<VecF, DType::BF16>(src, ts, te, D, *rbs[j], Sj); break;
+          default: dense_scores_simd<VecF, DType::F32>(src, ts, te, D, *rbs[j], Sj); break;
         }
 #endif
       } else {
@@ -368,11 +347,11 @@ void dense_partial_group(const DenseSource& src, int64_t t0, int64_t t1, int64_t
       if (!seen[j]) continue;
       const float* Pj = S + j * stride + 4 * (ts - a);
       if (fast_v) {
-#if defined(__AVX512F__)
+#if VQ_HAVE_VECF
         switch (src.vt) {
-          case DType::F16: dense_values_512<DType::F16>(src, ts, te, D, Pj, outs[j]->o); break;
-          case DType::BF16: dense_values_512<DType::BF16>(src, ts, te, D, Pj, outs[j]->o); break;
-          default: dense_values_512<DType::F32>(src, ts, te, D, Pj, outs[j]->o); break;
+          case DType::F16: dense_values_simd<VecF, DType::F16>(src, ts, te, D, Pj, outs[j]->o); break;
+          case DType::BF16: dense_values_simd<VecF, DType::BF16>(src, ts, te, D, Pj, outs[j]->o); break;
+          default: dense_values_simd<VecF, DType::F32>(src, ts, te, D, Pj, outs[j]->o); break;
         }
 #endif
       } else {

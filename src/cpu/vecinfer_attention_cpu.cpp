@@ -12,17 +12,19 @@
 //   The table (128 KiB for d4b8) exceeds L1, so the m loop is blocked: MB sub-vectors whose
 //   slices fit 32 KiB are done for 1024 tokens before the next MB (scores accumulate in place).
 //   Dequant path (otherwise, e.g. the default 12-bit keys, whose LUT would be 2 MiB): each
-//   16-float slice of K̃_t is assembled in a register from 4 (d4) or 2 (d8) codebook rows and
-//   dotted with the 4 rows, two tokens at a time (AVX-512; scalar elsewhere). A key codebook
+//   vector slice of K̃_t (16 floats with AVX-512, 8 with AVX2) is assembled in a register from
+//   codebook rows (4 or 2 of d4, 2 or 1 of d8) and dotted with the 4 rows, two tokens at a time
+//   where the registers allow (simd_vec.h's VecF; scalar without AVX2). A key codebook
 //   on its int8 grid (the caches' default) is read as int8 rows (ProductQuantizer::codebook_i8,
 //   16 KiB for d4b12 instead of 64: it stays in L1) against q̃·scale.
-//   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute); a
-//   block of contiguous unpadded rows is unpacked as one stream (full-width loads).
+//   Codes that are not whole bytes are unpacked 16 at a time (AVX-512 VBMI byte permute) or 8
+//   (AVX2 byte shuffle); a block of contiguous unpadded rows is unpacked as one stream.
 // Values (coded chunk), after the chunk's scores became p = exp(s − max):
 //   histogram path (codebook_bits <= 8, chunk >= 2·n_centroids tokens): T4[m][c][r] += p[t][r] for
 //     c = code_{t,m} (one 16-byte read-modify-write per token and sub-vector, blocked like the
 //     LUT), then o[r][m·d + e] = Σ_c T4[m][c][r]·C_v[c][e].
-//   Dequant path (otherwise): o[r] += p[t][r]·V̂_t, 64 dims x 4 rows in registers (AVX-512).
+//   Dequant path (otherwise): o[r] += p[t][r]·V̂_t, 64 dims x 4 rows in registers (AVX-512;
+//   16 dims with AVX2).
 // Window piece: dense_partial over the exact rows with the untransformed q (scale·q·K̂).
 //
 // Paired row blocks: where row blocks 2i and 2i+1 of one (batch, kv head) both have a coded unit
@@ -33,7 +35,7 @@
 // own scores [n, 4], softmax and partial; the 8-lane tables read and write them interleaved.
 //
 // The LUT build and histogram reduction use a codebook re-laid out as CX[e][c][W] (C[c][e]
-// repeated over the W lanes), so 16 / W centroids × W rows are one 16-float vector.
+// repeated over the W lanes), so kLanes / W centroids × W rows are one vector.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -43,6 +45,7 @@
 
 #include "cpu/attention_kernels.h"
 #include "cpu/simd_util.h"
+#include "cpu/simd_vec.h"
 #include "veloxquant/error.h"
 #include "veloxquant/vecinfer_cache.h"
 
@@ -316,24 +319,20 @@ template <int W>
 void build_lut(const float* CX, int d, int n_sub, int nc, const float* const* q, float* lut) {
   for (int m = 0; m < n_sub; ++m) {
     float* L = lut + size_t(m) * nc * W;
-#if defined(__AVX512F__)
-    constexpr int CPV = 16 / W;  // centroids per 16-float vector
-    if (nc % CPV == 0) {
-      __m512 qp[16];
+#if VQ_HAVE_VECF
+    using V = VecF;
+    constexpr int CPV = V::kLanes / W;  // centroids per vector
+    if (nc % CPV == 0 && d <= 16) {
+      typename V::T qp[16];
       for (int e = 0; e < d; ++e) {
-        alignas(32) float v[W];
+        float v[W];
         for (int r = 0; r < W; ++r) v[r] = q[r][m * d + e];
-        if constexpr (W == 4) {
-          qp[e] = _mm512_broadcast_f32x4(_mm_load_ps(v));
-        } else {
-          const __m512 x = _mm512_castps256_ps512(_mm256_load_ps(v));
-          qp[e] = _mm512_shuffle_f32x4(x, x, 0x44);
-        }
+        qp[e] = V::template rep<W>(v);
       }
       for (int c = 0; c < nc; c += CPV) {
-        __m512 acc = _mm512_mul_ps(_mm512_loadu_ps(CX + size_t(c) * W), qp[0]);
-        for (int e = 1; e < d; ++e) acc = _mm512_fmadd_ps(_mm512_loadu_ps(CX + (size_t(e) * nc + c) * W), qp[e], acc);
-        _mm512_storeu_ps(L + size_t(c) * W, acc);
+        auto acc = V::mul(V::load(CX + size_t(c) * W), qp[0]);
+        for (int e = 1; e < d; ++e) acc = V::fmadd(V::load(CX + (size_t(e) * nc + c) * W), qp[e], acc);
+        V::store(L + size_t(c) * W, acc);
       }
       continue;
     }
@@ -352,29 +351,21 @@ template <int W>
 void reduce_hist(const float* CX, int d, int n_sub, int nc, const float* T4, float* const* o) {
   for (int m = 0; m < n_sub; ++m) {
     const float* T = T4 + size_t(m) * nc * W;
-#if defined(__AVX512F__)
-    constexpr int CPV = 16 / W;
+#if VQ_HAVE_VECF
+    using V = VecF;
+    constexpr int CPV = V::kLanes / W;
     if (nc % CPV == 0) {
       for (int e = 0; e < d; ++e) {
         const float* C = CX + size_t(e) * nc * W;
-        __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0;
+        auto acc0 = V::zero(), acc1 = acc0;
         int c = 0;
         for (; c + 2 * CPV <= nc; c += 2 * CPV) {
-          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * W), _mm512_loadu_ps(C + size_t(c) * W), acc0);
-          acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c + CPV) * W), _mm512_loadu_ps(C + size_t(c + CPV) * W),
-                                 acc1);
+          acc0 = V::fmadd(V::load(T + size_t(c) * W), V::load(C + size_t(c) * W), acc0);
+          acc1 = V::fmadd(V::load(T + size_t(c + CPV) * W), V::load(C + size_t(c + CPV) * W), acc1);
         }
-        for (; c < nc; c += CPV)
-          acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(T + size_t(c) * W), _mm512_loadu_ps(C + size_t(c) * W), acc0);
-        const __m512 a = _mm512_add_ps(acc0, acc1);
-        __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a),
-                                 _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
-        alignas(32) float rw[8];
-        if constexpr (W == 4) {
-          _mm_store_ps(rw, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
-        } else {
-          _mm256_store_ps(rw, h);
-        }
+        for (; c < nc; c += CPV) acc0 = V::fmadd(V::load(T + size_t(c) * W), V::load(C + size_t(c) * W), acc0);
+        float rw[W];
+        V::template fold<W>(V::add(acc0, acc1), rw);
         for (int r = 0; r < W; ++r) o[r][m * d + e] += rw[r];
       }
       continue;
@@ -413,126 +404,111 @@ void dequant_scores(const I* idx, int64_t istride, int64_t n, const ProductQuant
   }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
+#if VQ_HAVE_VECF
 // S[t][r] = q[r] · decode(codes_t) for NR = 4 or 8 query rows, sub_dim 4 or 8 and
-// head_dim % 16 == 0: each 16-float slice of K̃_t is assembled from 4 (or 2) codebook rows
-// straight into a register, then one FMA per query row; the row sums are reduced 4 at a time.
-// Used for codebooks too large for a per-query table (12-bit keys: a 2 MiB LUT would not stay
-// cached, the codebook does). Tokens go in pairs: each query slice loaded serves both tokens'
-// FMAs, which cuts the loads per token by a third (the loop is bound by loads and the inserts'
+// head_dim % V::kLanes == 0: each L-float slice of K̃_t is assembled from L / sub_dim codebook
+// rows straight into a register, then one FMA per query row; the row sums are reduced 4 at a
+// time. Used for codebooks too large for a per-query table (12-bit keys: a 2 MiB LUT would not
+// stay cached, the codebook does). Tokens go in pairs where the registers hold both tokens'
+// accumulators (AVX-512; AVX2 at 4 rows): each query slice loaded serves both tokens' FMAs,
+// which cuts the loads per token by a third (the loop is bound by loads and the inserts'
 // shuffle port); with 8 rows each assembled slice serves 8 FMAs instead of 4.
 //
-// Two codebook forms, one loop (scores_rows_512 takes the slice loader):
+// Two codebook forms, one loop (scores_rows takes the slice loader):
 //   F32Slices: float rows (16 / 32 bytes a centroid: a d4b12 codebook is 64 KiB, past L1);
 //   I8Slices:  int8 rows (ProductQuantizer::codebook_i8, 4 / 8 bytes a centroid: 16 KiB for
 //              d4b12), widened in a register; the caller passes q·codebook_i8_scale, so
 //              Σ q·(byte·scale) becomes Σ (q·scale)·byte — the same centroids (the codebook
 //              is byte·scale exactly); only the products' rounding differs.
-template <int DSUB>
+template <typename V, int DSUB>
 struct F32Slices {
   const float* cb;
   template <typename I>
-  __m512 operator()(const I* c, int64_t d) const {
-    if constexpr (DSUB == 4) {
-      const int64_t m = d / 4;
-      __m512 kv = _mm512_castps128_ps512(_mm_loadu_ps(cb + size_t(c[m]) * 4));
-      kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 1]) * 4), 1);
-      kv = _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 2]) * 4), 2);
-      return _mm512_insertf32x4(kv, _mm_loadu_ps(cb + size_t(c[m + 3]) * 4), 3);
-    } else {
-      const int64_t m = d / 8;
-      const __m512 kv = _mm512_castps256_ps512(_mm256_loadu_ps(cb + size_t(c[m]) * 8));
-      return _mm512_insertf32x8(kv, _mm256_loadu_ps(cb + size_t(c[m + 1]) * 8), 1);
-    }
+  typename V::T operator()(const I* c, int64_t d) const {
+    return V::template f32_slice<DSUB>(cb, c + d / DSUB);
   }
 };
 
-template <int DSUB>
+template <typename V, int DSUB>
 struct I8Slices {
   const int8_t* cb;
   template <typename I>
-  __m512 operator()(const I* c, int64_t d) const {
-    __m128i x;
-    if constexpr (DSUB == 4) {
-      const int64_t m = d / 4;
-      int32_t w[4];
-      for (int j = 0; j < 4; ++j) std::memcpy(&w[j], cb + size_t(c[m + j]) * 4, 4);
-      x = _mm_setr_epi32(w[0], w[1], w[2], w[3]);
-    } else {
-      const int64_t m = d / 8;
-      long long w[2];
-      std::memcpy(&w[0], cb + size_t(c[m]) * 8, 8);
-      std::memcpy(&w[1], cb + size_t(c[m + 1]) * 8, 8);
-      x = _mm_set_epi64x(w[1], w[0]);
-    }
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(x));
+  typename V::T operator()(const I* c, int64_t d) const {
+    return V::template i8_slice<DSUB>(cb, c + d / DSUB);
   }
 };
 
 // q: NR row pointers; S: NR / 4 score arrays [n, 4] (rows 4j..4j+3 go to S[j]).
-template <int NR, typename Slices, typename I>
-__attribute__((noinline)) void scores_rows_512(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
-                                                const float* const* q_ref, int64_t D, float* const* S) {
+template <typename V, int NR, typename Slices, typename I>
+__attribute__((noinline)) void scores_rows(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
+                                           const float* const* q_ref, int64_t D, float* const* S) {
+  using T = typename V::T;
+  constexpr int L = V::kLanes;
+  constexpr bool kPairs = 2 * NR + 3 <= V::kRegs;  // both tokens' accumulators, 2 slices and q
   const Slices slice = slice_ref;  // (locals: no reloads through the pointers in the loop)
   const float* q[NR];
   for (int r = 0; r < NR; ++r) q[r] = q_ref[r];
   int64_t t = 0;
-  for (; t + 2 <= n; t += 2) {
-    const I* c0 = idx + t * istride;
-    const I* c1 = c0 + istride;
-    __m512 a[NR], b[NR];
+  if constexpr (kPairs) {
+    for (; t + 2 <= n; t += 2) {
+      const I* c0 = idx + t * istride;
+      const I* c1 = c0 + istride;
+      T a[NR], b[NR];
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) a[r] = b[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 k0 = slice(c0, d), k1 = slice(c1, d);
+      for (int r = 0; r < NR; ++r) a[r] = b[r] = V::zero();
+      for (int64_t d = 0; d < D; d += L) {
+        const T k0 = slice(c0, d), k1 = slice(c1, d);
 #pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) {
-        const __m512 qv = _mm512_loadu_ps(q[r] + d);
-        a[r] = _mm512_fmadd_ps(qv, k0, a[r]);
-        b[r] = _mm512_fmadd_ps(qv, k1, b[r]);
+        for (int r = 0; r < NR; ++r) {
+          const T qv = V::load(q[r] + d);
+          a[r] = V::fmadd(qv, k0, a[r]);
+          b[r] = V::fmadd(qv, k1, b[r]);
+        }
+      }
+#pragma GCC unroll 2
+      for (int j = 0; j < NR / 4; ++j) {
+        _mm_storeu_ps(S[j] + 4 * t, V::hsum4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
+        _mm_storeu_ps(S[j] + 4 * t + 4, V::hsum4(b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]));
       }
     }
-#pragma GCC unroll 2
-    for (int j = 0; j < NR / 4; ++j) {
-      _mm_storeu_ps(S[j] + 4 * t, hsum4_512(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
-      _mm_storeu_ps(S[j] + 4 * t + 4, hsum4_512(b[4 * j], b[4 * j + 1], b[4 * j + 2], b[4 * j + 3]));
-    }
   }
-  if (t < n) {  // the odd last token
+  for (; t < n; ++t) {  // one token at a time: the odd last one, or all where pairs do not fit
     const I* c = idx + t * istride;
-    __m512 a[NR];
+    T a[NR];
 #pragma GCC unroll 8
-    for (int r = 0; r < NR; ++r) a[r] = _mm512_setzero_ps();
-    for (int64_t d = 0; d < D; d += 16) {
-      const __m512 kv = slice(c, d);
+    for (int r = 0; r < NR; ++r) a[r] = V::zero();
+    for (int64_t d = 0; d < D; d += L) {
+      const T kv = slice(c, d);
 #pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) a[r] = _mm512_fmadd_ps(_mm512_loadu_ps(q[r] + d), kv, a[r]);
+      for (int r = 0; r < NR; ++r) a[r] = V::fmadd(V::load(q[r] + d), kv, a[r]);
     }
 #pragma GCC unroll 2
     for (int j = 0; j < NR / 4; ++j)
-      _mm_storeu_ps(S[j] + 4 * t, hsum4_512(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
+      _mm_storeu_ps(S[j] + 4 * t, V::hsum4(a[4 * j], a[4 * j + 1], a[4 * j + 2], a[4 * j + 3]));
   }
 }
 
-// o[r] += Σ_t P[t][r]·V̂_t for NR = 4 or 8 rows, sub_dim 4 or 8 and head_dim % 16 == 0, with the
-// slice loaders of the key kernel: dims in groups of 64 / NR · 4 (NR · NS = 16 accumulators
-// stay in registers over every token of the block), each 16-float slice of V̂_t assembled once
-// per group and multiplied by the rows' broadcast weights. `scale` multiplies the group's sums
-// as they are added to o (codebook_i8_scale for int8 rows, 1 for floats). Tokens whose weights
-// are all zero (masked) are skipped, as in dequant_values. P: NR / 4 weight arrays [n, 4];
-// o: NR row pointers.
-template <int NR, typename Slices, typename I>
-__attribute__((noinline)) void values_rows_512(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
-                                                const float* const* P, int64_t D, float scale, float* const* o) {
-  constexpr int NS = 16 / NR;  // 16-float slices per group
+// o[r] += Σ_t P[t][r]·V̂_t for NR = 4 or 8 rows, sub_dim 4 or 8 and head_dim % V::kLanes == 0,
+// with the slice loaders of the key kernel: dims in groups of NS = kAcc / NR vectors (NR · NS
+// accumulators stay in registers over every token of the block), each slice of V̂_t assembled
+// once per group and multiplied by the rows' broadcast weights. `scale` multiplies the group's
+// sums as they are added to o (codebook_i8_scale for int8 rows, 1 for floats). Tokens whose
+// weights are all zero (masked) are skipped, as in dequant_values. P: NR / 4 weight arrays
+// [n, 4]; o: NR row pointers.
+template <typename V, int NR, typename Slices, typename I>
+__attribute__((noinline)) void values_rows(const Slices& slice_ref, const I* idx, int64_t istride, int64_t n,
+                                           const float* const* P, int64_t D, float scale, float* const* o) {
+  using T = typename V::T;
+  constexpr int L = V::kLanes;
+  constexpr int NS = V::kAcc / NR;  // slices per group
   const Slices slice = slice_ref;  // (locals: no reloads through the pointers in the loop)
   const float* const P0 = P[0];
   const float* const P1 = P[NR / 4 - 1];
-  for (int64_t g0 = 0; g0 < D; g0 += 16 * NS) {
-    const int ns = int(std::min<int64_t>(NS, (D - g0) / 16));
-    __m512 acc[NR][NS];
+  for (int64_t g0 = 0; g0 < D; g0 += L * NS) {
+    const int ns = int(std::min<int64_t>(NS, (D - g0) / L));
+    T acc[NR][NS];
     for (int r = 0; r < NR; ++r)
-      for (int j = 0; j < NS; ++j) acc[r][j] = _mm512_setzero_ps();
+      for (int j = 0; j < NS; ++j) acc[r][j] = V::zero();
     for (int64_t t = 0; t < n; ++t) {
       const float* p0 = P0 + 4 * t;
       const float* p1 = P1 + 4 * t;
@@ -540,13 +516,13 @@ __attribute__((noinline)) void values_rows_512(const Slices& slice_ref, const I*
       if constexpr (NR == 8) zero = zero && p1[0] == 0.0f && p1[1] == 0.0f && p1[2] == 0.0f && p1[3] == 0.0f;
       if (zero) continue;
       const I* c = idx + t * istride;
-      __m512 pv[NR];
+      T pv[NR];
 #pragma GCC unroll 8
-      for (int r = 0; r < NR; ++r) pv[r] = _mm512_set1_ps(r < 4 ? p0[r] : p1[r - 4]);
+      for (int r = 0; r < NR; ++r) pv[r] = V::set1(r < 4 ? p0[r] : p1[r - 4]);
       auto step = [&](int j) {
-        const __m512 kv = slice(c, g0 + 16 * j);
+        const T kv = slice(c, g0 + L * j);
 #pragma GCC unroll 8
-        for (int r = 0; r < NR; ++r) acc[r][j] = _mm512_fmadd_ps(pv[r], kv, acc[r][j]);
+        for (int r = 0; r < NR; ++r) acc[r][j] = V::fmadd(pv[r], kv, acc[r][j]);
       };
       if (ns == NS) {  // the common case, unrolled so the accumulators stay in registers
 #pragma GCC unroll 4
@@ -555,11 +531,11 @@ __attribute__((noinline)) void values_rows_512(const Slices& slice_ref, const I*
         for (int j = 0; j < ns; ++j) step(j);
       }
     }
-    const __m512 sv = _mm512_set1_ps(scale);
+    const T sv = V::set1(scale);
     for (int r = 0; r < NR; ++r)
       for (int j = 0; j < ns; ++j) {
-        float* dst = o[r] + g0 + 16 * j;
-        _mm512_storeu_ps(dst, _mm512_fmadd_ps(acc[r][j], sv, _mm512_loadu_ps(dst)));
+        float* dst = o[r] + g0 + L * j;
+        V::store(dst, V::fmadd(acc[r][j], sv, V::load(dst)));
       }
   }
 }
@@ -572,15 +548,18 @@ __attribute__((noinline)) void values_rows_512(const Slices& slice_ref, const I*
 template <int NB, typename I>
 void dequant_scores_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* const* q,
                         const float* const* q_i8, int64_t D, float* row, float* const* S) {
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-  if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
+#if VQ_HAVE_VECF
+  if (D % VecF::kLanes == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
     constexpr int NR = 4 * NB;
+    using V = VecF;
     if (q_i8 && !pq.codebook_i8.empty()) {
-      if (pq.sub_dim == 4) return scores_rows_512<NR>(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, q_i8, D, S);
-      return scores_rows_512<NR>(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, q_i8, D, S);
+      const int8_t* cb = pq.codebook_i8.data();
+      if (pq.sub_dim == 4) return scores_rows<V, NR>(I8Slices<V, 4>{cb}, idx, istride, n, q_i8, D, S);
+      return scores_rows<V, NR>(I8Slices<V, 8>{cb}, idx, istride, n, q_i8, D, S);
     }
-    if (pq.sub_dim == 4) return scores_rows_512<NR>(F32Slices<4>{pq.codebook.data()}, idx, istride, n, q, D, S);
-    return scores_rows_512<NR>(F32Slices<8>{pq.codebook.data()}, idx, istride, n, q, D, S);
+    const float* cb = pq.codebook.data();
+    if (pq.sub_dim == 4) return scores_rows<V, NR>(F32Slices<V, 4>{cb}, idx, istride, n, q, D, S);
+    return scores_rows<V, NR>(F32Slices<V, 8>{cb}, idx, istride, n, q, D, S);
   }
 #endif
   (void)q_i8;
@@ -607,16 +586,19 @@ void dequant_values(const I* idx, int64_t istride, int64_t n, const ProductQuant
 template <int NB, typename I>
 void dequant_values_any(const I* idx, int64_t istride, int64_t n, const ProductQuantizer& pq, const float* const* P,
                         int64_t D, float* row, float* const* o) {
-#if defined(__AVX512F__) && defined(__AVX512DQ__)
-  if (D % 16 == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
+#if VQ_HAVE_VECF
+  if (D % VecF::kLanes == 0 && (pq.sub_dim == 4 || pq.sub_dim == 8)) {
     constexpr int NR = 4 * NB;
+    using V = VecF;
     if (!pq.codebook_i8.empty()) {
+      const int8_t* cb = pq.codebook_i8.data();
       const float s = pq.codebook_i8_scale;
-      if (pq.sub_dim == 4) return values_rows_512<NR>(I8Slices<4>{pq.codebook_i8.data()}, idx, istride, n, P, D, s, o);
-      return values_rows_512<NR>(I8Slices<8>{pq.codebook_i8.data()}, idx, istride, n, P, D, s, o);
+      if (pq.sub_dim == 4) return values_rows<V, NR>(I8Slices<V, 4>{cb}, idx, istride, n, P, D, s, o);
+      return values_rows<V, NR>(I8Slices<V, 8>{cb}, idx, istride, n, P, D, s, o);
     }
-    if (pq.sub_dim == 4) return values_rows_512<NR>(F32Slices<4>{pq.codebook.data()}, idx, istride, n, P, D, 1.0f, o);
-    return values_rows_512<NR>(F32Slices<8>{pq.codebook.data()}, idx, istride, n, P, D, 1.0f, o);
+    const float* cb = pq.codebook.data();
+    if (pq.sub_dim == 4) return values_rows<V, NR>(F32Slices<V, 4>{cb}, idx, istride, n, P, D, 1.0f, o);
+    return values_rows<V, NR>(F32Slices<V, 8>{cb}, idx, istride, n, P, D, 1.0f, o);
   }
 #endif
   for (int j = 0; j < NB; ++j) dequant_values(idx, istride, n, pq, P[j], D, row, o[4 * j]);
@@ -659,12 +641,22 @@ struct CodeRows {
 // Unpacks the n_codes codes of one packed row (pq.h: LSB-first, code i at bits
 // [i·bits, (i+1)·bits)). With AVX-512 VBMI, 16 codes at a time: a chunk of 16 codes starts on
 // a byte boundary, one byte permute gives every 32-bit lane the 4 bytes holding its code, a
-// variable shift and a mask extract it, vpmovdw narrows to 16 bits. Scalar: a 64-bit window
-// per code where 8 bytes fit in the row, read_code for the last ones.
+// variable shift and a mask extract it, vpmovdw narrows to 16 bits. With AVX2, 8 codes at a
+// time alike: a chunk of 8 codes is `bits` <= 16 bytes from a byte boundary, so one 16-byte
+// load, copied to both 128-bit halves, lets an in-lane byte shuffle (vpshufb) give each 32-bit
+// lane its code's bytes (those past the 16 zeroed: a code of up to 16 bits at a shift of up to
+// 7 never needs them); then the variable shift, the mask, and a pack to 16 bits. Scalar: a
+// 64-bit window per code where 8 bytes fit in the row, read_code for the last ones.
 struct UnpackPlan {
   int bits = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
+  static constexpr int kGroup = 16;  // codes a vector step
   __m512i idx, shift, mask;
+#elif defined(__AVX2__)
+  static constexpr int kGroup = 8;
+  __m256i idx, shift, mask;
+#else
+  static constexpr int kGroup = 0;
 #endif
   explicit UnpackPlan(int b) : bits(b) {
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
@@ -678,6 +670,17 @@ struct UnpackPlan {
     idx = _mm512_load_si512(ib);
     shift = _mm512_load_si512(sh);
     mask = _mm512_set1_epi32(int((1u << b) - 1u));
+#elif defined(__AVX2__)
+    alignas(32) uint8_t ib[32];
+    alignas(32) uint32_t sh[8];
+    for (int j = 0; j < 8; ++j) {
+      const int bit = j * b;
+      for (int k = 0; k < 4; ++k) ib[4 * j + k] = bit / 8 + k < 16 ? uint8_t(bit / 8 + k) : uint8_t(0x80);
+      sh[j] = uint32_t(bit % 8);
+    }
+    idx = _mm256_load_si256(reinterpret_cast<const __m256i*>(ib));
+    shift = _mm256_load_si256(reinterpret_cast<const __m256i*>(sh));
+    mask = _mm256_set1_epi32(int((1u << b) - 1u));
 #endif
   }
 };
@@ -685,23 +688,38 @@ struct UnpackPlan {
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__)
 // 16 codes whose first bit starts byte p[0] (avail bytes readable from p): one 64-byte load
 // (masked to avail when fewer remain), a byte permute giving each 32-bit lane the 4 bytes of
-// its code, a variable shift, a mask, and a narrowing store.
-inline void unpack16(const uint8_t* p, int64_t avail, const UnpackPlan& plan, uint16_t* out) {
+// its code, a variable shift, a mask, and a narrowing store. Always true (the masked load
+// reads any group safely).
+inline bool unpack_group(const uint8_t* p, int64_t avail, const UnpackPlan& plan, uint16_t* out) {
   const __m512i bytes = avail >= 64 ? _mm512_loadu_si512(p)
                                     : _mm512_maskz_loadu_epi8(__mmask64((uint64_t(1) << avail) - 1), p);
   const __m512i w =
       _mm512_and_si512(_mm512_srlv_epi32(_mm512_permutexvar_epi8(plan.idx, bytes), plan.shift), plan.mask);
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(out), _mm512_cvtepi32_epi16(w));
+  return true;
+}
+#elif defined(__AVX2__)
+// 8 codes whose first bit starts byte p[0]; false (nothing written) where fewer than 16 bytes
+// are readable from p, for the scalar loop to finish.
+inline bool unpack_group(const uint8_t* p, int64_t avail, const UnpackPlan& plan, uint16_t* out) {
+  if (avail < 16) return false;
+  const __m256i bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256i w = _mm256_and_si256(_mm256_srlv_epi32(_mm256_shuffle_epi8(bytes, plan.idx), plan.shift), plan.mask);
+  // codes fit 16 bits: packus keeps them; it interleaves the halves as [0-3, 0-3 | 4-7, 4-7]
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(w, w), 0x08);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out), _mm256_castsi256_si128(packed));
+  return true;
 }
 #endif
 
 inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, const UnpackPlan& plan, uint16_t* out) {
   const int bits = plan.bits;
   int i = 0;
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-  for (; i + 16 <= n_codes; i += 16) {
+#if defined(__AVX512VBMI__) && defined(__AVX512BW__) || defined(__AVX2__)
+  constexpr int G = UnpackPlan::kGroup;
+  for (; i + G <= n_codes; i += G) {
     const int64_t byte0 = int64_t(i) * bits / 8;
-    unpack16(row + byte0, code_bytes - byte0, plan, out + i);
+    if (!unpack_group(row + byte0, code_bytes - byte0, plan, out + i)) break;
   }
 #endif
   const uint64_t mask = (uint64_t(1) << bits) - 1;
@@ -718,16 +736,11 @@ inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, cons
 }
 
 // Unpacks n_codes codes of `bits` bits packed LSB-first from p (n_bytes bytes in all): as
-// unpack_row over rows that follow each other without padding bits, so the 64-byte window of a
-// 16-code group (2·bits bytes, starting on a byte) runs into the next rows and only the last
-// groups of the block need a masked load. Out: n_codes entries.
+// unpack_row over rows that follow each other without padding bits, so the window of a group
+// of codes (starting on a byte) runs into the next rows and only the last groups of the block
+// need a masked load (AVX-512) or the scalar loop.
 inline void unpack_stream(const uint8_t* p, int64_t n_codes, int64_t n_bytes, const UnpackPlan& plan, uint16_t* out) {
-  int64_t i = 0;
-#if defined(__AVX512VBMI__) && defined(__AVX512BW__)
-  const int64_t gb = 2 * plan.bits;  // bytes per 16 codes
-  for (; i + 16 <= n_codes; i += 16) unpack16(p + i / 16 * gb, n_bytes - i / 16 * gb, plan, out + i);
-#endif
-  for (; i < n_codes; ++i) out[i] = uint16_t(read_code(p, i, plan.bits));
+  unpack_row(p, int(n_codes), n_bytes, plan, out);
 }
 
 CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t b, int64_t kh, int64_t t, int64_t n,
