@@ -207,6 +207,22 @@ TEST(VecInferAttentionCpu, Int8GridCodebooksOnTheDequantPaths) {
               n_coded, &pool);
 }
 
+// Codes of 7 to 16 bits, which the vector paths unpack in groups (16 codes with AVX-512 VBMI, 8
+// with AVX2, whose 16-byte window must hold a group's codes at every bit offset) before the
+// scalar loop takes a row's or a block's last codes: head_dim 64 (16 codes a row: whole bytes,
+// rows unpacked as one stream) and 72 (18 codes: odd widths leave padding bits, rows unpacked
+// one by one), float and int8-grid codebooks, an odd token count.
+TEST(VecInferAttentionCpu, CodesOf7To16BitsUnpackAtEveryWidth) {
+  ThreadPool pool(2);
+  uint64_t seed = 41000;
+  for (int bits : {7, 9, 11, 13, 14, 15, 16})
+    for (int64_t hd : {64, 72}) {
+      const PQSpec k{4, bits}, v{4, bits == 16 ? 9 : bits + 1};
+      VCase c{1, 1, 4, 1, 301, 5, 8, 3, hd, k, v, true, 0, DType::F16, DType::F16, DType::F32, false, bits % 2 == 0};
+      run_vcase(c, seed++, &pool);
+    }
+}
+
 // Two row blocks of one (batch, kv head) whose units cover the same tokens are done together
 // with 8-lane tables and 8-row dequant kernels (coded_partial<2>): groups of 5 to 8 query heads
 // at decode (a full pair at 8, a pair with 1 to 3 idle lanes at 5 to 7), neighbouring queries of
