@@ -712,35 +712,30 @@ inline bool unpack_group(const uint8_t* p, int64_t avail, const UnpackPlan& plan
 }
 #endif
 
-inline void unpack_row(const uint8_t* row, int n_codes, int64_t code_bytes, const UnpackPlan& plan, uint16_t* out) {
+// Unpacks n_codes codes of `bits` bits packed LSB-first from p, n_bytes readable: one row, or
+// a block of rows that follow each other without padding bits (one stream, whose groups' windows
+// run into the next rows, so only the block's last groups need a masked load or the scalar loop).
+inline void unpack_codes(const uint8_t* p, int64_t n_codes, int64_t n_bytes, const UnpackPlan& plan, uint16_t* out) {
   const int bits = plan.bits;
-  int i = 0;
+  int64_t i = 0;
 #if defined(__AVX512VBMI__) && defined(__AVX512BW__) || defined(__AVX2__)
   constexpr int G = UnpackPlan::kGroup;
   for (; i + G <= n_codes; i += G) {
-    const int64_t byte0 = int64_t(i) * bits / 8;
-    if (!unpack_group(row + byte0, code_bytes - byte0, plan, out + i)) break;
+    const int64_t byte0 = i * bits / 8;
+    if (!unpack_group(p + byte0, n_bytes - byte0, plan, out + i)) break;
   }
 #endif
   const uint64_t mask = (uint64_t(1) << bits) - 1;
   for (; i < n_codes; ++i) {
-    const int64_t bit = int64_t(i) * bits;
-    if ((bit >> 3) + 8 <= code_bytes) {
+    const int64_t bit = i * bits;
+    if ((bit >> 3) + 8 <= n_bytes) {
       uint64_t w;
-      std::memcpy(&w, row + (bit >> 3), 8);
+      std::memcpy(&w, p + (bit >> 3), 8);
       out[i] = uint16_t((w >> (bit & 7)) & mask);
     } else {
-      out[i] = uint16_t(read_code(row, i, bits));
+      out[i] = uint16_t(read_code(p, i, bits));
     }
   }
-}
-
-// Unpacks n_codes codes of `bits` bits packed LSB-first from p (n_bytes bytes in all): as
-// unpack_row over rows that follow each other without padding bits, so the window of a group
-// of codes (starting on a byte) runs into the next rows and only the last groups of the block
-// need a masked load (AVX-512) or the scalar loop.
-inline void unpack_stream(const uint8_t* p, int64_t n_codes, int64_t n_bytes, const UnpackPlan& plan, uint16_t* out) {
-  unpack_row(p, int(n_codes), n_bytes, plan, out);
 }
 
 CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t b, int64_t kh, int64_t t, int64_t n,
@@ -761,10 +756,10 @@ CodeRows code_rows(const TensorView& codes, const ProductQuantizer& pq, int64_t 
     const UnpackPlan plan(pq.codebook_bits);
     if (codes.strides[2] == pq.code_bytes && int64_t(pq.n_sub) * pq.codebook_bits % 8 == 0) {
       // contiguous rows without padding bits: one stream of n·n_sub codes
-      unpack_stream(base + t * pq.code_bytes, n * pq.n_sub, n * pq.code_bytes, plan, buf.data());
+      unpack_codes(base + t * pq.code_bytes, n * pq.n_sub, n * pq.code_bytes, plan, buf.data());
     } else {
       for (int64_t i = 0; i < n; ++i)
-        unpack_row(base + (t + i) * codes.strides[2], pq.n_sub, pq.code_bytes, plan, buf.data() + i * pq.n_sub);
+        unpack_codes(base + (t + i) * codes.strides[2], pq.n_sub, pq.code_bytes, plan, buf.data() + i * pq.n_sub);
     }
   }
   r.wide = buf.data();
