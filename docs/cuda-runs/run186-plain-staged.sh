@@ -16,7 +16,7 @@
 # Both together passed CI (bash .ci/run on a clean clone: 302 + 215 tests, the sm_80 check; 1243 s,
 # 2026-12-07). To run:
 #   git apply docs/cuda-runs/run186-plain-staged.patch docs/cuda-runs/run186-prefill-80-96.patch
-#   bash scripts/gpu_bundle.sh   (nothing to build where .gpu-bundle's stamp is 4167764d5e01aaf7: main at ea71a26 with both patches)
+#   bash scripts/gpu_bundle.sh   (nothing to build where .gpu-bundle's stamp is 976746e3a187534f: main at 96f57c7 with both patches)
 # then on the GPU:
 #   bash docs/cuda-runs/run186-plain-staged.sh run186 [t|a|b|ab]
 #   t: the tests of the change and the d4b8 rows of the decode table (~3 min, for a short budget);
