@@ -699,8 +699,9 @@ int main(int argc, char** argv) {
     const std::vector<BenchCache>& cfgs = bench_caches();
     // ---- --plain --prefill: prompts at head_dim 96 / 80 --------------------------------------
     // A cache (batch 1) holding `hist` tokens takes a chunk of q (update), then fused_sdpa_into
-    // of the chunk's q queries, causal, by whatever path the cache takes at these head dims (row
-    // chunks of the plain kernel): median device time, L2 flushed before each. Validation: the
+    // of the chunk's q queries, causal, by whatever path the cache takes at these head dims (the
+    // exact-rows prefill kernel over rows where the grid fills the GPU, else row chunks of the plain
+    // kernel): median device time, L2 flushed before each. Validation: the
     // chunk's last 16 queries against a CPU cache fed the same tokens (a causal query sees the
     // same keys whether it comes in a chunk of q or of 16). Peer: peer_sdpa.py --plain --prefill
     // (lines PREFILL96 / PREFILL80; PyTorch SDPA over fp16 K/V, lower-right causal mask).
@@ -710,7 +711,7 @@ int main(int argc, char** argv) {
       };
       const std::vector<PCase> pcases = {{0, 4096}, {3072, 1024}, {32768, 512}};  // PLAIN_PREFILL_CASES
       bool ok_all = true;
-      std::printf("\nprefill attention at head_dim 96 and 80 (plain kernel's row chunks), batch 1, %d q / %d kv heads, "
+      std::printf("\nprefill attention at head_dim 96 and 80 (the cache's default path: the exact-rows prefill kernel over rows where the grid fills the GPU), batch 1, %d q / %d kv heads, "
                   "window %d, causal\n", kH, KV, kR);
       std::printf("| head_dim | cache | history | chunk | us | TFLOP/s | peer us | peer | speedup | NMSE vs CPU (last 16) |\n");
       std::printf("|---|---|---|---|---|---|---|---|---|---|\n");

@@ -1,29 +1,23 @@
 #!/usr/bin/env bash
-# Run 186 — PREPARED, NOT RUN (the fifteenth and sixteenth sessions' device time went on failed
-# starts: no machine was lent in either). Two changes, each a patch off main until it has run on a GPU:
-#  * run186-plain-staged.patch: the plain kernel of head_dim 80 and 96 with its code rows staged
-#    into shared memory by cp.async one tile ahead, vectorised centroid and window-row loads, and
-#    one instantiation per live-row count (1, 4, 8, 16: a model without GQA, as Phi-2 and Phi-3,
-#    scores one row a kv head, not eight). Run 185's version (on main) read each thread's code row
-#    through L1 a sub-vector at a time and was latency-bound: 0.55x of the fp16 peer at d4b8.
-#    ptxas: 128 registers, 12-100 bytes of spills in the NR <= 8 instantiations, up to 376 in 16.
-#  * run186-prefill-80-96.patch: prompts at 80/96 on the exact-rows prefill kernel (over the fp16
-#    cache's and the Standard mode's rows, a memory-bound cache's tokens expanded into rows by the
-#    lanes expansion kernel at 5 and 6 lanes a row, a Stash cache's held rows; history splits and
-#    their merge), cuda_support reporting it, and CudaAttention.ExactRowsPrefillAtHeadDims80And96.
-#    ptxas: 245 (80) / 212 (96, tiles of 32) registers, no spill; the PTX of every existing prefill
-#    and expansion kernel is unchanged.
-# Both together passed CI (bash .ci/run on a clean clone: 302 + 215 tests, the sm_80 check; 1243 s,
-# 2026-12-07). To run:
-#   git apply docs/cuda-runs/run186-plain-staged.patch docs/cuda-runs/run186-prefill-80-96.patch
-#   bash scripts/gpu_bundle.sh   (nothing to build where .gpu-bundle's stamp is 976746e3a187534f: main at 96f57c7 with both patches)
-# then on the GPU:
+# Run 186 (prepared in the fifteenth and sixteenth sessions, run in the nineteenth, 2026-12-07, on an
+# H100: part a, then part b on the same warm machine; figures in docs/cuda-notes.md row 186). Two
+# changes, both on main since that run:
+#  * the plain kernel of head_dim 80 and 96 with its code rows staged into shared memory by
+#    cp.async one tile ahead, vectorised centroid and window-row loads, and one instantiation per
+#    live-row count (1, 4, 8, 16: a model without GQA, as Phi-2 and Phi-3, scores one row a kv
+#    head, not eight). Run 185's version read each thread's code row through L1 a sub-vector at a
+#    time and was latency-bound: 0.55x of the fp16 peer at d4b8; this one measured 0.94-1.06x.
+#  * prompts at 80/96 on the exact-rows prefill kernel (over the fp16 cache's and the Standard
+#    mode's rows, a memory-bound cache's tokens expanded into rows by the lanes expansion kernel at
+#    5 and 6 lanes a row, a Stash cache's held rows; history splits and their merge), cuda_support
+#    reporting it, and CudaAttention.ExactRowsPrefillAtHeadDims80And96.
+# From the repository root with .gpu-bundle carried (bash scripts/gpu_bundle.sh), on the GPU:
 #   bash docs/cuda-runs/run186-plain-staged.sh run186 [t|a|b|ab]
 #   t: the tests of the change and the d4b8 rows of the decode table (~3 min, for a short budget);
 #   a: the tests that draw head_dim 80/96 and the prefill paths, then the decode table at 96 and 80
-#      through the cache API with the PyTorch peer at the same head_dim measured in the same command;
-#   b: prompts at 96/80 against the peer, then Phi-3's own shape (32 kv heads) at 96; ab (default)
-#      both, ~10 min.
+#      through the cache API with the PyTorch peer at the same head_dim measured in the same command
+#      (~6 min on an H100);
+#   b: prompts at 96/80 against the peer, then Phi-3's own shape (32 kv heads) at 96 (over 7 min).
 source scripts/gpu_run_start.sh "$1" --no-peer
 part=${2:-ab}
 # part t (a short device budget): the tests of the change, then the head_dim 96/80 d4b8 decode rows

@@ -77,7 +77,9 @@ CudaSupport cuda_support(const KVCacheConfig& config);
 /// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
 /// Not listed: head_dim 80 and 96 (Phi-2, StableLM, Phi-3), where every build runs every
 /// configuration of sub_dim 4 or 8 and 4- to 12-bit codebooks, in every codebook format, on one
-/// plain kernel (src/cuda/attention_any_dim.cu; no prefill kernel: prompts attend in row chunks).
+/// plain kernel (src/cuda/attention_any_dim.cu). Their prompts run on the exact-rows prefill
+/// kernel over rows (the fp16 cache's and the standard mode's; a memory-bound cache's tokens
+/// expanded into rows, a Stash cache's held rows), else as the plain kernel's row chunks.
 std::vector<std::string> cuda_attention_configs();
 
 /// Prefill over dequantized rows. An eager fused_sdpa of more than 16 queries (a prompt chunk)

@@ -31,6 +31,11 @@ void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
+/// The instantiation of a plain entry's kernel (attention_any_dim.cu) a launch with p's rows
+/// takes (the fewest rows that hold a chunk's live rows); the entry's own kernel is the widest
+/// (occupancy queries).
+const void* attn_any_dim_kernel(const AttnEntry& e, const AttnParams& p);
+
 namespace {
 
 using RegisterFn = void (*)(std::vector<AttnEntry>&);
@@ -258,8 +263,13 @@ void derive_divisors(AttnParams& p) {
 /// variants re-instantiate defaults, may reach another unit's registration of the kernel,
 /// whose shared-memory limit was never raised: "invalid argument".) With clusters, the n_splits
 /// blocks of each segment (grid x) form one cluster.
-void launch_entry(const AttnEntry& e, const AttnParams& p, dim3 grid, void* stream, int priority = 0,
+void launch_entry(const AttnEntry& entry, const AttnParams& p, dim3 grid, void* stream, int priority = 0,
                   bool pdl = false) {
+  AttnEntry e = entry;
+  if (e.plain) {  // the plain kernel's instantiation for this launch's rows (no more smem than the entry's)
+    e.kernel = attn_any_dim_kernel(entry, p);
+    raise_smem_limit(e.kernel, size_t(e.smem));
+  }
   const bool cluster = use_cluster(e, p);
   pdl = pdl && g_step_pdl.load() && runs_sm90_code(e);
   AttnParams pg = p;

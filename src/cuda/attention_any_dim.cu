@@ -19,9 +19,11 @@
 // layout built on head dims of 32·2^k; this one is the reference-first form, kept simple:
 //  * 256 threads a block; the codebooks decoded once into shared memory as fp16 (int8 and E4M3
 //    entries times their scale), so the loop is the same for every format.
-//  * Tiles of 256 tokens. Scores: a thread a token, its codes read from global memory (L1), each
-//    key centroid dotted with every live row's q̃ (shared-memory broadcasts). The token's value
-//    codes go to shared memory for the value phase.
+//  * Tiles of 256 tokens, their code rows staged into shared memory by cp.async one tile ahead
+//    (run 185's first version read them through L1, a thread a row, and was latency-bound:
+//    0.55x of the fp16 peer). Scores: a thread a token, each key centroid dotted with every live
+//    row's q̃ (shared-memory broadcasts). The token's value codes go to shared memory (u16) for
+//    the value phase.
 //  * Softmax: a warp a row over the tile (max, exp2, sum), the running max and sum in shared
 //    memory, fp32, scores in log2 units.
 //  * Values: a thread owns one value sub-vector (VS dims) of up to 32 / VS rows and every K-th
@@ -49,31 +51,39 @@ namespace {
 constexpr int kAnyThreads = 256;
 constexpr int kAnyTile = 256;     // tokens a tile: one per thread in the score phase
 constexpr int kAnyMaxRows = 16;   // query rows a chunk (8 · n_tiles)
+/// Live rows a kernel instantiation serves (NR): the launch takes the smallest that holds its
+/// chunks' rows, so a decode step of a model without GQA (Phi-2, Phi-3: one row a kv head) does
+/// no work for the seven dead rows of an 8-row chunk.
+constexpr int kAnyRowVariants[] = {1, 4, 8, 16};
 constexpr int kAnyMaxBits = 12;   // codebooks of up to 4096 centroids (shared memory)
 
 __host__ __device__ constexpr int any_align16(int x) { return (x + 15) & ~15; }
 
 /// Value-phase mapping: a thread owns value sub-vector j of rows [rg·RPT, rg·RPT + RPT) and the
-/// tile's tokens k, k + K, ...
+/// tile's tokens k, k + K, ... (RPT = min(32 / VS, NR): at most 32 accumulators a thread)
 struct AnyMap {
   int nvs, rpt, rg, slots, k;
 };
 __host__ __device__ constexpr AnyMap any_map(int D, int VS, int rows) {
-  const int nvs = D / VS, rpt = 32 / VS, rg = (rows + rpt - 1) / rpt;
+  const int nvs = D / VS, rpt = 32 / VS < rows ? 32 / VS : rows, rg = (rows + rpt - 1) / rpt;
   const int slots = nvs * rg;
   return {nvs, rpt, rg, slots, kAnyThreads / slots};
 }
 
 /// Shared-memory layout (byte offsets), the same on the host (launch size) and the device.
 struct AnyLayout {
-  int kcb, vcb, qt, qr, s, vc, st, red, total;
+  int kcb, vcb, kraw, vraw, qt, qr, s, vc, st, red, total;
 };
+/// Bytes of a packed code row as the caches lay them out (pq.h, padded to 4 bytes).
+__host__ __device__ constexpr int any_row_bytes(int D, int sub, int bits) { return ((D / sub * bits + 7) / 8 + 3) / 4 * 4; }
 __host__ __device__ constexpr AnyLayout any_layout(int D, int KS, int KB, int VS, int VB, int rows, bool codes) {
   const AnyMap m = any_map(D, VS, rows);
   AnyLayout L{};
   int o = 0;
   L.kcb = o, o += codes ? any_align16((1 << KB) * KS * 2) : 0;  // fp16 key centroids
   L.vcb = o, o += codes ? any_align16((1 << VB) * VS * 2) : 0;  // fp16 value centroids
+  L.kraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, KS, KB) : 0;  // two tiles of key code rows
+  L.vraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, VS, VB) : 0;  // and of value code rows
   L.qt = o, o += rows * D * 4;                                  // q̃ per row (f32)
   L.qr = o, o += rows * D * 4;                                  // raw q per row (f32)
   L.s = o, o += rows * kAnyTile * 4;                            // the tile's scores, then probabilities
@@ -84,14 +94,50 @@ __host__ __device__ constexpr AnyLayout any_layout(int D, int KS, int KB, int VS
   return L;
 }
 
-/// Code m of a packed row (pq.h: LSB-first, `bits` bits a code), the row read through L1.
-__device__ __forceinline__ uint32_t any_code(const uint8_t* row, int m, int bits) {
+/// Code m of a packed row (pq.h: LSB-first, `bits` bits a code) staged in shared memory.
+__device__ __forceinline__ uint32_t any_code(const uint32_t* row, int m, int bits) {
   const int bit = m * bits;
-  const uint32_t* w = reinterpret_cast<const uint32_t*>(row) + (bit >> 5);
+  const uint32_t* w = row + (bit >> 5);
   const int o = bit & 31;
-  const uint32_t lo = __ldg(w);
-  const uint32_t hi = (o + bits > 32) ? __ldg(w + 1) : 0u;
+  const uint32_t lo = w[0];
+  const uint32_t hi = (o + bits > 32) ? w[1] : 0u;
   return __funnelshift_r(lo, hi, o) & ((1u << bits) - 1u);
+}
+
+/// N fp16 values (N = 4 or 8, 8- or 16-byte aligned) from shared memory as floats, one load.
+template <int N>
+__device__ __forceinline__ void any_halves(const __half* p, float (&v)[N]) {
+  static_assert(N == 4 || N == 8, "a d4 or d8 centroid");
+  uint32_t w[N / 2];
+  lds_entry<2 * N>(reinterpret_cast<const unsigned char*>(p), w);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+
+/// N 16-bit window values (fp16 or bf16; N = 4 or 8, 8- or 16-byte aligned) from global memory.
+template <int N>
+__device__ __forceinline__ void any_row16(const uint16_t* p, int bf16, float (&v)[N]) {
+  uint32_t w[N / 2];
+  ldg_words(p, w);
+#pragma unroll
+  for (int i = 0; i < N / 2; ++i) {
+    v[2 * i] = store16_to_f(uint16_t(w[i] & 0xFFFFu), bf16);
+    v[2 * i + 1] = store16_to_f(uint16_t(w[i] >> 16), bf16);
+  }
+}
+
+/// Queues the copy of `bytes` bytes (a multiple of 4) from global `src` to shared `dst`
+/// (16-byte aligned) with cp.async: 16-byte pieces where src and the size allow, else 4-byte.
+__device__ __forceinline__ void any_stage(const uint8_t* src, unsigned char* dst, int bytes, int tid) {
+  const uint32_t d = uint32_t(__cvta_generic_to_shared(dst));
+  if (((reinterpret_cast<uintptr_t>(src) | uintptr_t(bytes)) & 15) == 0) {
+    for (int i = tid; i < bytes / 16; i += kAnyThreads) cp_async16(d + 16u * uint32_t(i), src + 16 * i);
+  } else {
+    for (int i = tid; i < bytes / 4; i += kAnyThreads) cp_async4(d + 4u * uint32_t(i), src + 4 * i);
+  }
 }
 
 /// Entry i of a codebook as a float, the scale folded in: fp16 (kind 0),
@@ -107,12 +153,12 @@ __device__ __forceinline__ float any_centroid(const void* cb, int kind, int64_t 
   return float(int(byte) - 128) * mul;
 }
 
-template <int D, int KS, int VS>
-__global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const AttnParams p) {
+template <int D, int KS, int VS, int NR>
+__global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const AttnParams p) {
   static_assert(D % 16 == 0 && D % KS == 0 && D % VS == 0 && D <= 256, "head_dim a multiple of 16 and the sub_dims");
-  static_assert(kAnyThreads / 32 * 2 >= kAnyMaxRows, "a warp serves at most two rows in the softmax");
+  static_assert(NR <= kAnyMaxRows && kAnyThreads / 32 * 2 >= kAnyMaxRows, "a warp serves at most two rows in the softmax");
   constexpr int kB = D & -D;  // the Hadamard block (hadamard_block_size)
-  constexpr int kNK = D / KS, kNV = D / VS, kRPT = 32 / VS;
+  constexpr int kNK = D / KS, kNV = D / VS, kRPT = any_map(D, VS, NR).rpt;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kRows = p.rows_per_chunk;
@@ -123,10 +169,12 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
   const int G = p.n_heads / p.n_kv_heads;
   const int rows_total = G * p.q_len;
   const int n_live = min(kRows, rows_total - rchunk * kRows);
+  if (n_live > NR) __trap();  // attn_launch picks an instantiation of at least the chunk's live rows
   const bool codes = !p.win_all;
   const int KB = codes ? p.plain_key_bits : 0, VB = codes ? p.plain_value_bits : 0;
-  const AnyLayout lay = any_layout(D, KS, KB, VS, VB, kRows, codes);
-  const AnyMap map = any_map(D, VS, kRows);
+  const AnyLayout lay = any_layout(D, KS, KB, VS, VB, NR, codes);
+  const int krs = any_row_bytes(D, KS, max(KB, 1)), vrs = any_row_bytes(D, VS, max(VB, 1));
+  constexpr AnyMap map = any_map(D, VS, NR);
   __half* const sKcb = reinterpret_cast<__half*>(smem + lay.kcb);
   __half* const sVcb = reinterpret_cast<__half*>(smem + lay.vcb);
   float* const sQt = reinterpret_cast<float*>(smem + lay.qt);
@@ -134,8 +182,8 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
   float* const sS = reinterpret_cast<float*>(smem + lay.s);
   uint16_t* const sVc = reinterpret_cast<uint16_t*>(smem + lay.vc);
   float* const sM = reinterpret_cast<float*>(smem + lay.st);
-  float* const sL = sM + kRows;
-  float* const sA = sL + kRows;
+  float* const sL = sM + NR;
+  float* const sA = sL + NR;
   float* const sRed = reinterpret_cast<float*>(smem + lay.red);
   __shared__ int sLast;
 
@@ -159,7 +207,7 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
   }
 
   // ---- queries: raw q and q̃ = (q ⊙ λ)·H per live row ----------------------------------------
-  for (int i = tid; i < kRows * D; i += kAnyThreads) {
+  for (int i = tid; i < NR * D; i += kAnyThreads) {
     const int r = i / D, d = i - r * D;
     float x = 0.0f;
     if (r < n_live) {
@@ -169,7 +217,7 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
     sQr[i] = x;
     sQt[i] = p.lambda ? x * p.lambda[kvh * D + d] : x;
   }
-  if (tid < kRows) sM[tid] = -INFINITY, sL[tid] = 0.0f, sA[tid] = 1.0f;
+  if (tid < NR) sM[tid] = -INFINITY, sL[tid] = 0.0f, sA[tid] = 1.0f;
   __syncthreads();
   if (codes) {
     for (int r = warp; r < n_live; r += kAnyThreads / 32) {
@@ -243,42 +291,52 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
 #pragma unroll
     for (int e = 0; e < VS; ++e) o[rr][e] = 0.0f;
 
-  // one tile: scores of tokens [t0, t0 + n) at positions t0.. (coded when `coded`), softmax, values
-  auto tile = [&](int t0, int n, bool coded) {
+  // A tile's code rows into shared memory (buffer `buf` of two), queued as one cp.async group:
+  // the next tile's copies run while this one computes (one HBM round trip per tile, not one
+  // per thread and sub-vector).
+  auto stage = [&](int t0, int n, int buf) {
+    any_stage(p.k_codes + (bh * p.code_cap + t0) * krs, smem + lay.kraw + buf * kAnyTile * krs, n * krs, tid);
+    any_stage(p.v_codes + (bh * p.code_cap + t0) * vrs, smem + lay.vraw + buf * kAnyTile * vrs, n * vrs, tid);
+    cp_async_commit();
+  };
+
+  // one tile: scores of tokens [t0, t0 + n) at positions t0.. (coded when `coded`, their rows in
+  // buffer `buf`), softmax, values
+  auto tile = [&](int t0, int n, bool coded, int buf) {
     // scores (log2 units), masked per row
     if (tid < n) {
       const int t = t0 + tid;
-      float acc[kAnyMaxRows];
+      float acc[NR];  // (rows past n_live have q = 0: scored for nothing, never written)
 #pragma unroll
-      for (int r = 0; r < kAnyMaxRows; ++r) acc[r] = 0.0f;
+      for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
       if (coded) {
-        const uint8_t* krow = p.k_codes + (bh * p.code_cap + t) * p.k_row_stride;
-        const uint8_t* vrow = p.v_codes + (bh * p.code_cap + t) * p.v_row_stride;
+        const uint32_t* krow = reinterpret_cast<const uint32_t*>(smem + lay.kraw + (buf * kAnyTile + tid) * krs);
+        const uint32_t* vrow = reinterpret_cast<const uint32_t*>(smem + lay.vraw + (buf * kAnyTile + tid) * vrs);
 #pragma unroll 4
         for (int m = 0; m < kNK; ++m) {
           const uint32_t c = any_code(krow, m, KB);
           float cv[KS];
+          any_halves<KS>(sKcb + c * KS, cv);
 #pragma unroll
-          for (int e = 0; e < KS; ++e) cv[e] = __half2float(sKcb[c * KS + e]);
+          for (int r = 0; r < NR; ++r) {
+            const float* q = sQt + r * D + m * KS;
+            float s = acc[r];
 #pragma unroll
-          for (int r = 0; r < kAnyMaxRows; ++r) {
-            if (r < n_live) {
-              const float* q = sQt + r * D + m * KS;
-              float s = acc[r];
-#pragma unroll
-              for (int e = 0; e < KS; ++e) s = fmaf(q[e], cv[e], s);
-              acc[r] = s;
-            }
+            for (int e = 0; e < KS; ++e) s = fmaf(q[e], cv[e], s);
+            acc[r] = s;
           }
         }
         for (int m = 0; m < kNV; ++m) sVc[tid * kNV + m] = uint16_t(any_code(vrow, m, VB));
       } else {
         const int64_t slot = p.win_ring ? t % p.win_cap : t;
         const uint16_t* krow = static_cast<const uint16_t*>(p.k_win) + (bh * p.win_cap + slot) * D;
-#pragma unroll 2
+        // the row's loads issued together (D / 8 16-byte loads in flight, not two)
+        uint4 raw[D / 8];
+#pragma unroll
+        for (int k = 0; k < D / 8; ++k) raw[k] = __ldg(reinterpret_cast<const uint4*>(krow) + k);
+#pragma unroll
         for (int d0 = 0; d0 < D; d0 += 8) {
-          const uint4 w = __ldg(reinterpret_cast<const uint4*>(krow + d0));
-          const uint32_t ws[4] = {w.x, w.y, w.z, w.w};
+          const uint32_t ws[4] = {raw[d0 / 8].x, raw[d0 / 8].y, raw[d0 / 8].z, raw[d0 / 8].w};
           float kv[8];
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
@@ -286,19 +344,17 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
             kv[2 * e + 1] = store16_to_f(uint16_t(ws[e] >> 16), p.win_bf16);
           }
 #pragma unroll
-          for (int r = 0; r < kAnyMaxRows; ++r) {
-            if (r < n_live) {
-              const float* q = sQr + r * D + d0;
-              float s = acc[r];
+          for (int r = 0; r < NR; ++r) {
+            const float* q = sQr + r * D + d0;
+            float s = acc[r];
 #pragma unroll
-              for (int e = 0; e < 8; ++e) s = fmaf(q[e], kv[e], s);
-              acc[r] = s;
-            }
+            for (int e = 0; e < 8; ++e) s = fmaf(q[e], kv[e], s);
+            acc[r] = s;
           }
         }
       }
 #pragma unroll
-      for (int r = 0; r < kAnyMaxRows; ++r) {  // (unrolled: acc stays in registers)
+      for (int r = 0; r < NR; ++r) {  // (unrolled: acc stays in registers)
         if (r < n_live) {
           int lo, hi;
           row_bounds(r, lo, hi);
@@ -339,18 +395,15 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
 #pragma unroll
         for (int e = 0; e < VS; ++e) o[rr][e] *= a;
       }
+#pragma unroll 4
       for (int i = vk; i < n; i += map.k) {
         float cv[VS];
         if (coded) {
-          const int c = sVc[i * kNV + vj];
-#pragma unroll
-          for (int e = 0; e < VS; ++e) cv[e] = __half2float(sVcb[c * VS + e]);
+          any_halves<VS>(sVcb + sVc[i * kNV + vj] * VS, cv);
         } else {
           const int t = t0 + i;
           const int64_t slot = p.win_ring ? t % p.win_cap : t;
-          const uint16_t* vrow = static_cast<const uint16_t*>(p.v_win) + (bh * p.win_cap + slot) * D + vj * VS;
-#pragma unroll
-          for (int e = 0; e < VS; ++e) cv[e] = store16_to_f(vrow[e], p.win_bf16);
+          any_row16<VS>(static_cast<const uint16_t*>(p.v_win) + (bh * p.win_cap + slot) * D + vj * VS, p.win_bf16, cv);
         }
 #pragma unroll
         for (int rr = 0; rr < kRPT; ++rr) {
@@ -365,17 +418,28 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
     }
     __syncthreads();  // the next tile rewrites the scores and the value codes
   };
-  for (int t0 = c0; t0 < c1; t0 += kAnyTile) tile(t0, min(kAnyTile, c1 - t0), true);
-  for (int t0 = w0; t0 < w1; t0 += kAnyTile) tile(t0, min(kAnyTile, w1 - t0), false);
+  if (c1 > c0) stage(c0, min(kAnyTile, c1 - c0), 0);
+  for (int t0 = c0, buf = 0; t0 < c1; t0 += kAnyTile, buf ^= 1) {
+    const int t1 = t0 + kAnyTile;
+    if (t1 < c1) {
+      stage(t1, min(kAnyTile, c1 - t1), buf ^ 1);  // (buffer buf ^ 1 was last read by the tile before)
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();  // every thread's copies of this tile have landed
+    tile(t0, min(kAnyTile, c1 - t0), true, buf);
+  }
+  for (int t0 = w0; t0 < w1; t0 += kAnyTile) tile(t0, min(kAnyTile, w1 - t0), false, 0);
 
   // ---- the value partials summed over the K token lanes ------------------------------------
   if (vown) {
 #pragma unroll
     for (int rr = 0; rr < kRPT; ++rr) {
       const int r = vrg * kRPT + rr;
-      if (r < kRows)
+      if (r < NR)
 #pragma unroll
-        for (int e = 0; e < VS; ++e) sRed[(vk * kRows + r) * D + vj * VS + e] = o[rr][e];
+        for (int e = 0; e < VS; ++e) sRed[(vk * NR + r) * D + vj * VS + e] = o[rr][e];
     }
   }
   __syncthreads();
@@ -389,7 +453,7 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
     for (int i = tid; i < n_live * D; i += kAnyThreads) {
       const int r = i / D, d = i - r * D;
       float acc = 0.0f;
-      for (int k = 0; k < map.k; ++k) acc += sRed[(k * kRows + r) * D + d];
+      for (int k = 0; k < map.k; ++k) acc += sRed[(k * NR + r) * D + d];
       write_out(r, d, sL[r] > 0.0f ? acc / sL[r] : 0.0f);
     }
   } else {
@@ -397,7 +461,7 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
     for (int i = tid; i < n_live * D; i += kAnyThreads) {
       const int r = i / D, d = i - r * D;
       float acc = 0.0f;
-      for (int k = 0; k < map.k; ++k) acc += sRed[(k * kRows + r) * D + d];
+      for (int k = 0; k < map.k; ++k) acc += sRed[(k * NR + r) * D + d];
       p.ws_o[(sbase + r) * D + d] = acc;
     }
     if (tid < n_live) {
@@ -435,14 +499,31 @@ __global__ void __launch_bounds__(kAnyThreads) vq_attn_any_dim_kernel(const Attn
 }
 
 template <int D, int KS, int VS>
-const void* any_kernel() {
-  return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS>);
+const void* any_kernel(int nr) {
+  static_assert(sizeof(kAnyRowVariants) / sizeof(int) == 4, "the cases below follow kAnyRowVariants");
+  switch (nr) {
+    case 1: return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS, 1>);
+    case 4: return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS, 4>);
+    case 8: return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS, 8>);
+    default: return reinterpret_cast<const void*>(&vq_attn_any_dim_kernel<D, KS, VS, 16>);
+  }
 }
 
 template <int D>
-const void* any_kernel_for(int ks, int vs) {
-  if (ks == 4) return vs == 4 ? any_kernel<D, 4, 4>() : any_kernel<D, 4, 8>();
-  return vs == 4 ? any_kernel<D, 8, 4>() : any_kernel<D, 8, 8>();
+const void* any_kernel_for(int ks, int vs, int nr) {
+  if (ks == 4) return vs == 4 ? any_kernel<D, 4, 4>(nr) : any_kernel<D, 4, 8>(nr);
+  return vs == 4 ? any_kernel<D, 8, 4>(nr) : any_kernel<D, 8, 8>(nr);
+}
+
+const void* any_kernel_for(int D, int ks, int vs, int nr) {
+  return D == 80 ? any_kernel_for<80>(ks, vs, nr) : any_kernel_for<96>(ks, vs, nr);
+}
+
+/// The instantiation (NR of kAnyRowVariants) for chunks of at most `rows` live rows.
+int any_rows_variant(int rows) {
+  for (int nr : kAnyRowVariants)
+    if (rows <= nr) return nr;
+  return kAnyMaxRows;
 }
 
 }  // namespace
@@ -459,7 +540,10 @@ const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
   if (k.key_bits < 4 || k.key_bits > kAnyMaxBits || k.value_bits < 4 || k.value_bits > kAnyMaxBits) return nullptr;
   if (k.n_tiles < 1 || k.n_tiles > 2 || k.cb_fmt < 0 || k.cb_fmt > 3) return nullptr;
   const int D = k.head_dim, rows = 8 * k.n_tiles;
-  const int smem = any_layout(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, rows, true).total;
+  int smem = 0;  // the largest of the instantiations a launch of this key may take
+  for (int nr : kAnyRowVariants)
+    if (nr <= rows)
+      smem = std::max(smem, any_layout(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true).total);
   if (smem > 227 * 1024) return nullptr;
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, int, int, int>, AttnEntry> entries;
@@ -469,16 +553,20 @@ const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
   if (it == entries.end()) {
     AttnEntry e{};
     e.key = k;
-    e.kernel = D == 80 ? any_kernel_for<80>(k.key_sub_dim, k.value_sub_dim)
-                       : any_kernel_for<96>(k.key_sub_dim, k.value_sub_dim);
+    e.kernel = any_kernel_for(D, k.key_sub_dim, k.value_sub_dim, rows);  // (occupancy queries: the widest)
     e.smem = smem;
     e.threads = kAnyThreads;
-    e.k_row = ((D / k.key_sub_dim * k.key_bits + 7) / 8 + 3) / 4 * 4;
-    e.v_row = ((D / k.value_sub_dim * k.value_bits + 7) / 8 + 3) / 4 * 4;
+    e.k_row = any_row_bytes(D, k.key_sub_dim, k.key_bits);  // what the kernel stages a row as
+    e.v_row = any_row_bytes(D, k.value_sub_dim, k.value_bits);
     e.plain = 1;
     it = entries.emplace(key, e).first;
   }
   return &it->second;  // std::map nodes never move
+}
+
+const void* attn_any_dim_kernel(const AttnEntry& e, const AttnParams& p) {
+  const int rows = std::min(8 * e.key.n_tiles, p.n_heads / std::max(p.n_kv_heads, 1) * p.q_len);
+  return any_kernel_for(e.key.head_dim, e.key.key_sub_dim, e.key.value_sub_dim, any_rows_variant(rows));
 }
 
 }  // namespace veloxquant::cuda

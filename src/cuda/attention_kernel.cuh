@@ -390,13 +390,7 @@ __device__ __forceinline__ void lds_centroid(uint32_t a, uint32_t (&w)[S / 2]) {
 /// issue every load of a tile before the first use: the window is latency-bound otherwise.
 template <int E, bool BF16>
 __device__ __forceinline__ void ldg_row(const uint16_t* row, bool valid, uint32_t (&w)[E / 4]) {
-  if constexpr (E == 8) {
-    const uint2 v = __ldg(reinterpret_cast<const uint2*>(row));
-    w[0] = v.x, w[1] = v.y;
-  } else {
-    const uint4 v = __ldg(reinterpret_cast<const uint4*>(row));
-    w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
-  }
+  ldg_words(row, w);
 #pragma unroll
   for (int j = 0; j < E / 4; ++j) {
     if constexpr (BF16) w[j] = bf16x2_to_f16x2(w[j]);

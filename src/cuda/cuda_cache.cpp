@@ -517,12 +517,14 @@ class CudaCacheBase : public CudaKVCache {
     if (!use_plan && Q > 16 && pmode == cuda::kPrefillAuto && n_new == 0 && prefill_over_rows(q, out, sp, scale))
       return;
     bool prefill = false;
-    if (!use_plan && Q > 16 && pmode != cuda::kPrefillOff && cuda::prefill_compiled(attn_key(1))) {
+    if (!use_plan && Q > 16 && pmode != cuda::kPrefillOff) {
       cuda::AttnParams probe;
       fill_attn(probe);
-      prefill = pmode == cuda::kPrefillAlways ||
-                ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1), offset(), Q)) &&
-                 prefill_row_blocks(G, Q) * n_kv_heads_ * batch_ >= n_sms_);
+      // (exact rows: the exact-rows kernel also serves head_dim 80 and 96, codes have none there)
+      const bool compiled = probe.win_all ? cuda::prefill_rows_compiled(D) : cuda::prefill_compiled(attn_key(1));
+      prefill = compiled && (pmode == cuda::kPrefillAlways ||
+                             ((probe.win_all || cuda::prefill_auto_on_codes(attn_key(1), offset(), Q)) &&
+                              prefill_row_blocks(G, Q) * n_kv_heads_ * batch_ >= n_sms_));
     }
     const int per_launch = use_plan ? 16 : prefill ? Q : launch_queries(H);
     for (int c0 = 0; c0 < Q; c0 += per_launch) {
@@ -603,7 +605,7 @@ class CudaCacheBase : public CudaKVCache {
     if (rmode == cuda::kRowsOff || capturing() || !(held || (can_materialize() && !steps_captured_))) return false;
     const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
     const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
-    if (!cuda::prefill_compiled(rows_key)) return false;
+    if (!cuda::prefill_rows_compiled(D)) return false;
     const int64_t row_blocks = prefill_row_blocks(G, Q);
     if (rmode == cuda::kRowsAuto && row_blocks * n_kv_heads_ * batch_ < n_sms_) return false;  // the grid fills the GPU
     if (row_blocks > 65535) return false;  // gridDim.y: the row chunks

@@ -70,6 +70,19 @@ __device__ __forceinline__ float store16_to_f(uint16_t v, int bf16) {
 }
 
 // ---- streaming loads: read once, keep out of L1 -------------------------------------------
+/// NW 32-bit words (NW = 2 or 4: one 8- or 16-byte aligned load) through the read-only path.
+template <int NW>
+__device__ __forceinline__ void ldg_words(const void* p, uint32_t (&w)[NW]) {
+  static_assert(NW == 2 || NW == 4, "one 8- or 16-byte load");
+  if constexpr (NW == 2) {
+    const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = u.x, w[1] = u.y;
+  } else {
+    const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+    w[0] = u.x, w[1] = u.y, w[2] = u.z, w[3] = u.w;
+  }
+}
+
 __device__ __forceinline__ uint32_t ld_stream_u32(const void* p) {
   uint32_t v;
   asm volatile("ld.global.nc.L1::no_allocate.b32 %0, [%1];" : "=r"(v) : "l"(p));

@@ -1110,14 +1110,23 @@ __global__ void __launch_bounds__(256, kMaterializeBlocks<D, SD>) vq_materialize
 /// The key FWHT: bits 0-3 in the lane, bits 4.. across the row's lanes by shuffles (the same
 /// ascending order of stages as warp_fwht_row: the same sums). U passes of 32 / LPR rows a warp
 /// with every load issued before any is used, as in vq_materialize_kernel.
+///
+/// Head dims 80 and 96 (LPR 5 and 6 lanes a row, 6 and 5 rows a warp, its last 2 lanes idle):
+/// the rotation is block-diagonal (hadamard.h: blocks of B = 16 and 32), so a lane's 16 elements
+/// are one block or half of one, and only the stages within a block cross lanes (m < B / 16: a
+/// row's lanes start at a multiple of LPR, itself a multiple of B / 16, so lane ^ m stays in the
+/// row and block).
 template <int D, int SD>
 __global__ void __launch_bounds__(256, 2) vq_materialize_lanes_kernel(const EncodeParams p, int64_t n) {
   constexpr int EL = 16, LPR = D / EL, RW = 32 / LPR, U = 2, NS = EL / SD, kWarps = 8;
-  static_assert(LPR >= 4 && LPR <= 32 && (LPR & (LPR - 1)) == 0, "head_dim 64, 128, 256 or 512");
+  constexpr int kBL = (D & -D) / EL;  // lanes a Hadamard block spans (LPR for powers of two)
+  static_assert(D % EL == 0 && LPR >= 4 && LPR <= 32 && ((LPR & (LPR - 1)) == 0 || D == 80 || D == 96),
+                "head_dim 64, 128, 256, 512, 80 or 96");
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
   if (sd.sub != SD) return;
   const int lane = threadIdx.x & 31, sub = lane % LPR, rsel = lane / LPR;
+  const bool idle = rsel >= RW;  // (32 % LPR lanes past the warp's last row: 80 and 96 only)
   const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
   const uint32_t mask = (1u << sd.bits) - 1u;
   const uint16_t* ring = static_cast<const uint16_t*>(keys ? p.k_ring : p.v_ring);
@@ -1133,7 +1142,7 @@ __global__ void __launch_bounds__(256, 2) vq_materialize_lanes_kernel(const Enco
       const Pos q = decompose(min(it, items - 1), p.n_kv_heads, int(n));
       bh[u] = q.b * p.n_kv_heads + q.kvh;
       kvh[u] = q.kvh;
-      pos[u] = it < items ? q.i : -1;
+      pos[u] = it < items && !idle ? q.i : -1;
       L[u] = __ldg(p.seq_len + q.b);
       w[u] = p.res_count ? __ldg(p.res_count + q.b) : 0;
       win[u][0] = win[u][1] = make_uint4(0, 0, 0, 0);
@@ -1171,7 +1180,7 @@ __global__ void __launch_bounds__(256, 2) vq_materialize_lanes_kernel(const Enco
               y[u][j] = a + c, y[u][j + h] = a - c;
             }
 #pragma unroll
-        for (int m = 1; m < LPR; m <<= 1) {  // lanes of one row differ in their low log2(LPR) bits
+        for (int m = 1; m < kBL; m <<= 1) {  // lanes of one block differ in their low log2(kBL) bits
           const float sgn = (lane & m) ? -1.0f : 1.0f;
 #pragma unroll
           for (int j = 0; j < EL; ++j) y[u][j] = __fmaf_rn(sgn, y[u][j], __shfl_xor_sync(0xffffffffu, y[u][j], m));
@@ -1527,20 +1536,22 @@ void materialize_d(const EncodeParams& p, int64_t n, cudaStream_t s) {
     kern<<<grid, 256, 0, s>>>(p, n);
     VQ_CUDA_CHECK(cudaGetLastError());
   };
-  constexpr int64_t kLaneRows = 8192 / D;  // rows a block: 8 warps x U (2) passes x 32 / (D / 16) rows
+  constexpr int64_t kLaneRows = 16 * (32 / (D / 16));  // rows a block: 8 warps x U (2) passes x 32 / (D / 16) rows
   const int64_t lane_blocks = std::min<int64_t>((items + kLaneRows - 1) / kLaneRows, int64_t(1) << 20);
   const dim3 lane_grid(unsigned(std::max<int64_t>(lane_blocks, 1)), 2);
   auto run_lanes = [&](auto kern) {  // 8 warps of U · 32 / LPR rows a block
     kern<<<lane_grid, 256, 0, s>>>(p, n);
     VQ_CUDA_CHECK(cudaGetLastError());
   };
-  if (materialize_lanes()) {
+  if (materialize_lanes() || (D & (D - 1)) != 0) {  // (80, 96: the lanes form only)
     if (p.k_sub == 4 || p.v_sub == 4) run_lanes(vq_materialize_lanes_kernel<D, 4>);
     if (p.k_sub == 8 || p.v_sub == 8) run_lanes(vq_materialize_lanes_kernel<D, 8>);
     return;
   }
-  if (p.k_sub == 4 || p.v_sub == 4) run(vq_materialize_kernel<D, 4>);
-  if (p.k_sub == 8 || p.v_sub == 8) run(vq_materialize_kernel<D, 8>);
+  if constexpr ((D & (D - 1)) == 0) {
+    if (p.k_sub == 4 || p.v_sub == 4) run(vq_materialize_kernel<D, 4>);
+    if (p.k_sub == 8 || p.v_sub == 8) run(vq_materialize_kernel<D, 8>);
+  }
 }
 
 void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream) {
@@ -1554,12 +1565,7 @@ void materialize_launch(const EncodeParams& p, int64_t n_max, void* stream) {
                                                                 << " rows (limit 2^31)");
   if (p.batch == 0 || n_max == 0 || p.n_kv_heads == 0) return;
   const cudaStream_t s = as_stream(stream);
-  with_head_dim(p.head_dim, "CUDA materialize", [&](auto d) {
-    constexpr int D = decltype(d)::value;
-    // (the expansion serves the prefill kernel over rows, built for 64 and 128 only)
-    if constexpr ((D & (D - 1)) == 0) materialize_d<D>(p, n_max, s);
-    else VQ_THROW(UnsupportedError, "CUDA materialize: head_dim " << D);
-  });
+  with_head_dim(p.head_dim, "CUDA materialize", [&](auto d) { materialize_d<decltype(d)::value>(p, n_max, s); });
 }
 
 void dequant_launch(const EncodeParams& p, int64_t t0, int64_t n, bool keys, void* stream) {

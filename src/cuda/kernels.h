@@ -212,6 +212,11 @@ void attn_launch(const AttnConfigKey& k, const AttnParams& p, void* stream, int 
 constexpr int kPrefillRows = 64;
 constexpr int kPrefillAutoRows = 128;
 bool prefill_compiled(const AttnConfigKey& k, int rows = 0);
+/// Whether head_dim has a prefill kernel over exact rows (the fp16 cache's rows, a Standard
+/// cache's, or a coded cache's expanded by materialize_launch): 64 and 128 (both prefill
+/// kernels, where d4b8 is compiled) and 80 and 96 (the exact-rows kernel only: a coded cache's
+/// prompt at these head dims runs over its expanded rows, or as the plain kernel's row chunks).
+bool prefill_rows_compiled(int head_dim);
 constexpr int kPrefillShortHistory = 4;
 bool prefill_auto_on_codes(const AttnConfigKey& k, int64_t tokens, int q_len);
 void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream);

@@ -4,11 +4,13 @@
 // d8b12/d8b12, d4b10/d8b12 and d8b8/d8b8, VQ_CUDA_VARIANTS the blocks of 64 rows. The exact-rows
 // kernel: head_dim 64 (tiles of 64 tokens) and 128 (tiles of 64 or 32), taken where its grid
 // fills two blocks a multiprocessor (set_prefill_exact_kernel, prefill_exact_pays), its history
-// split (prefill_exact_split_plan) where that fills them instead. Anything else (head_dim 256
-// among them) keeps the decode kernel's row chunks.
+// split (prefill_exact_split_plan) where that fills them instead; at head_dim 80 and 96 it is
+// the only prefill kernel (exact rows only: the fp16 cache's, a coded cache's expanded ones).
+// Anything else (head_dim 256 among them) keeps the decode kernel's row chunks.
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -172,6 +174,9 @@ int set_prefill_mode(int mode) { return g_prefill_mode.exchange(mode); }
 int prefill_mode() { return g_prefill_mode.load(); }
 long long prefill_launches() { return g_prefill_launches.load(); }
 bool prefill_compiled(const AttnConfigKey& k, int rows) { return find(k, rows) != nullptr; }
+bool prefill_rows_compiled(int head_dim) {
+  return head_dim == 80 || head_dim == 96 || prefill_compiled({head_dim, 4, 8, 4, 8, 1});
+}
 bool prefill_auto_on_codes(const AttnConfigKey& k, int64_t tokens, int q_len) {
   const PrefillEntry* e = find(k, kPrefillAutoRows);
   if (e == nullptr) return false;
@@ -240,6 +245,23 @@ void exact_launch(const AttnParams& p, cudaStream_t s) {
 /// of 64 take 255 registers and the split's few more made ptxas spill ~100 bytes (244 with 32).
 template <int D>
 constexpr int kExactSplitTile = D == 128 ? 32 : 64;
+/// The unsplit kernel's tile (kExactAuto, kExactTile64): 64 tokens, 32 at head_dim 96 (ptxas,
+/// sm_90: tiles of 64 spill 40 bytes there at 255 registers).
+template <int D>
+constexpr int kExactTile = D == 96 ? 32 : 64;
+
+/// f(std::integral_constant<int, D>{}) for the exact-rows kernel's head dims (64, 128, 80, 96);
+/// false for any other.
+template <class F>
+bool with_exact_d(int head_dim, F&& f) {
+  switch (head_dim) {
+    case 64: f(std::integral_constant<int, 64>{}); return true;
+    case 128: f(std::integral_constant<int, 128>{}); return true;
+    case 80: f(std::integral_constant<int, 80>{}); return true;
+    case 96: f(std::integral_constant<int, 96>{}); return true;
+    default: return false;
+  }
+}
 
 /// The exact-rows kernel with the history split over `splits` blocks, then the merge, the
 /// partial results in a workspace from the rows path's pool (freed behind the merge). False
@@ -285,32 +307,36 @@ void prefill_launch(const AttnConfigKey& k, const AttnParams& p, void* stream) {
   // switched on and no other block size is forced; kExactAuto: where its grid fills two blocks a
   // multiprocessor, else split over 2 to kExactMaxSplits blocks a row block where that fills them
   // and the history is long enough (prefill_exact_split_plan), else vq_prefill_kernel below
-  const int exact = g_exact_mode.load();
-  if (p.win_all && exact != kExactOff && (k.head_dim == 64 || k.head_dim == 128) &&
-      prefill_block_rows(p) == kPrefillAutoRows) {
+  // Head dims 80 and 96 have no other prefill kernel: the exact-rows one whatever the mode.
+  const bool only_exact = k.head_dim == 80 || k.head_dim == 96;
+  VQ_CHECK_T(!only_exact || p.win_all, UnsupportedError,
+             "CUDA prefill attention: head_dim " << k.head_dim << " has a prefill kernel over exact rows only");
+  const int exact = only_exact ? kExactAuto : g_exact_mode.load();
+  if (p.win_all && exact != kExactOff && (k.head_dim == 64 || k.head_dim == 128 || only_exact) &&
+      (only_exact || prefill_block_rows(p) == kPrefillAutoRows)) {
     const int forced = g_exact_splits.load();
     int splits = forced != 0 ? forced : 1;
-    bool use = exact != kExactAuto || forced != 0;
-    if (!use) {
+    bool use = exact != kExactAuto || forced != 0 || only_exact;
+    if (exact == kExactAuto && forced == 0) {
       const int64_t blocks = exact_blocks(p), sms = device_sms();
-      use = prefill_exact_pays(blocks, sms);
-      if (!use) splits = prefill_exact_split_plan(blocks, sms, p.prefill_tokens);
+      if (!prefill_exact_pays(blocks, sms)) splits = prefill_exact_split_plan(blocks, sms, p.prefill_tokens);
+      else use = true;
     }
     const cudaStream_t s = as_stream(stream);
-    if (splits > 1 && exact != kExactTile32 &&
-        (k.head_dim == 64 ? exact_split_launch<64>(p, splits, s) : exact_split_launch<128>(p, splits, s))) {
+    bool split_done = false;
+    if (splits > 1 && exact != kExactTile32)
+      with_exact_d(k.head_dim, [&](auto d) { split_done = exact_split_launch<decltype(d)::value>(p, splits, s); });
+    if (split_done) {
       g_prefill_launches.fetch_add(1);
       g_exact_launches.fetch_add(1);
       g_split_launches.fetch_add(1);
       return;
     }
     if (use) {  // (a split the workspace could not be had for, chosen automatically: vq_prefill_kernel)
-      if (k.head_dim == 64) {
-        exact_launch<64, 64>(p, s);
-      } else if (exact == kExactTile32) {
+      if (exact == kExactTile32 && k.head_dim == 128) {
         exact_launch<128, 32>(p, s);
       } else {
-        exact_launch<128, 64>(p, s);
+        with_exact_d(k.head_dim, [&](auto d) { exact_launch<decltype(d)::value, kExactTile<decltype(d)::value>>(p, s); });
       }
       g_prefill_launches.fetch_add(1);
       g_exact_launches.fetch_add(1);

@@ -29,7 +29,9 @@
 // (cuda::kExactAuto, the default), and smaller grids over long histories with the history split
 // over 2-4 blocks (SPLIT, then vq_prefill_merge_kernel; prefill_exact_split_plan, run 180).
 // Registers at sm_90, no spill: 255 at head_dim 128 with tiles of 64 tokens, 244 with 32 (251
-// split), 226 at head_dim 64. On the edge: staging the queries by cp.async instead of row by row
+// split), 226 at head_dim 64. Head dims 80 and 96 (Phi-2 / StableLM, Phi-3: multiples of 16, as
+// every k-step and output tile needs) take the same code, tiles of 64 tokens: the prefill of the
+// plain kernel's head dims over rows (the fp16 cache's, or a coded cache's expanded ones). On the edge: staging the queries by cp.async instead of row by row
 // (~32 dependent round trips a warp before the first tile), computing the rows' mask bounds in
 // the loop instead of holding them, or packing all of P before O += P·V each made ptxas spill
 // 56-84 bytes at head_dim 128 x 64 (not measured; the next step where the prologue matters, 0 x
@@ -47,7 +49,7 @@ namespace veloxquant::cuda {
 
 template <int D, int TILE>
 struct PrefillExactTraits {
-  static_assert(D == 64 || D == 128, "exact-rows prefill kernel: head_dim 64 or 128");
+  static_assert(D == 64 || D == 128 || D == 80 || D == 96, "exact-rows prefill kernel: head_dim 64, 128, 80 or 96");
   static_assert(TILE == 32 || TILE == 64, "exact-rows prefill kernel: tiles of 32 or 64 tokens");
   static constexpr int kWarps = 4, kThreads = 32 * kWarps;
   static constexpr int kWarpRows = 32, kRows = kWarpRows * kWarps;  // query rows per warp / block
@@ -147,8 +149,9 @@ __global__ void __launch_bounds__(128, 2) vq_prefill_exact_kernel(const AttnPara
     const int qi = live ? gr / G : 0, h = kvh * G + (live ? gr % G : 0);
     const int64_t qb = b * p.q.stride[0] + h * p.q.stride[1] + qi * p.q.stride[2];
 #pragma unroll
-    for (int c = 0; c < D / 64; ++c) {
+    for (int c = 0; c < (D + 63) / 64; ++c) {
       const int d = c * 64 + 2 * lane;
+      if (D % 64 != 0 && d >= D) continue;  // (head_dim 80 / 96: the last 64 dims in part)
       const float x0 = live ? load_f(p.q.data, p.q.dtype, qb + d * p.q.stride[3]) : 0.0f;
       const float x1 = live ? load_f(p.q.data, p.q.dtype, qb + (d + 1) * p.q.stride[3]) : 0.0f;
       *reinterpret_cast<uint32_t*>(sQ + r * T::kStride + d) = pack_half2(x0 * p.scale_log2, x1 * p.scale_log2);
@@ -276,19 +279,23 @@ __global__ void __launch_bounds__(256) vq_prefill_merge_kernel(const AttnParams 
   float mx = -INFINITY;
   for (int s = 0; s < p.n_splits; ++s) mx = fmaxf(mx, p.ws_ml[2 * prefill_split_index(p, s, b, kvh, gr)]);
   const float base = mx == -INFINITY ? 0.0f : mx;
-  float acc[D / 32] = {}, sum = 0.0f;
+  constexpr int kE = (D + 31) / 32;  // a lane's dims: e·32 + lane (head_dim 80: the last in part)
+  const bool last = D % 32 == 0 || (kE - 1) * 32 + lane < D;
+  float acc[kE] = {}, sum = 0.0f;
   for (int s = 0; s < p.n_splits; ++s) {
     const int64_t i = prefill_split_index(p, s, b, kvh, gr);
     const float w = ex2(p.ws_ml[2 * i] - base);  // ex2(-inf) = 0: a share that saw no token
     sum += w * p.ws_ml[2 * i + 1];
 #pragma unroll
-    for (int e = 0; e < D / 32; ++e) acc[e] += w * p.ws_o[i * D + e * 32 + lane];
+    for (int e = 0; e < kE; ++e)
+      if (e < kE - 1 || last) acc[e] += w * p.ws_o[i * D + e * 32 + lane];
   }
   const float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
   const int qi = gr / G, h = kvh * G + gr % G;
   const int64_t ob = b * p.out_stride[0] + h * p.out_stride[1] + qi * p.out_stride[2];
 #pragma unroll
-  for (int e = 0; e < D / 32; ++e) store_f(p.out, p.out_dtype, ob + (e * 32 + lane) * p.out_stride[3], acc[e] * inv);
+  for (int e = 0; e < kE; ++e)
+    if (e < kE - 1 || last) store_f(p.out, p.out_dtype, ob + (e * 32 + lane) * p.out_stride[3], acc[e] * inv);
 }
 
 }  // namespace veloxquant::cuda

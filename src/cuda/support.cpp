@@ -107,9 +107,12 @@ CudaSupport cuda_support(const KVCacheConfig& config) {
   s.reason = cuda::cache_attention_missing(config.kind, mode, config.head_dim, ks, vs, config.attention_codebooks);
   if (!s.reason.empty()) return s;
   s.attention = true;
-  s.prefill_kernel = cuda::prefill_compiled(k1);
+  // (the fp16 cache and the standard mode attend over exact rows: the exact-rows kernel, which
+  // also serves head_dim 80 and 96)
+  const bool rows_only = config.kind == CacheKind::FP16 || mode == CacheMode::Standard;
+  s.prefill_kernel = rows_only ? cuda::prefill_rows_compiled(config.head_dim) : cuda::prefill_compiled(k1);
   s.prefill_over_rows = config.kind == CacheKind::VecInfer && mode == CacheMode::MemoryBound &&
-                        cuda::prefill_compiled({config.head_dim, 4, 8, 4, 8, 1}) && cuda::rows_workspace_limit() > 0;
+                        cuda::prefill_rows_compiled(config.head_dim) && cuda::rows_workspace_limit() > 0;
   return s;
 }
 

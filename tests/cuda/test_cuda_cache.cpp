@@ -1366,13 +1366,97 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
               run, worst, kAttnNmse, worst_f32, graphs.size(), worst_graph);
 }
 
+// Prompts at head dims 80 and 96: the exact-rows prefill kernel (prefill_exact_kernel.cuh, its
+// only prefill kernel there) over a Standard cache's rows (the prefill kernel forced), a
+// memory-bound cache's tokens expanded into rows (vq_materialize_lanes_kernel: LPR 5 and 6 lanes a
+// row, the block-diagonal rotation's cross-lane stages within a block of 32 only) and a Stash
+// cache's held rows; fp16 and bf16 rows, GQA 1 to 8, causal, non-causal and sliding masks, batch 2,
+// chunks and histories that end mid-tile; every codebook format. Against the oracle on the
+// kernel's operands and against the plain kernel's row chunks on the same call (launches counted,
+// so a silent fallback fails), the cache's state unchanged; then the history split over 2 and 4
+// blocks (vq_prefill_merge_kernel at 80: a lane's last dims in part) against the unsplit kernel.
+TEST(CudaAttention, ExactRowsPrefillAtHeadDims80And96) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x8096E;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8}, d8b12{8, 12, 8, 12};
+  const CacheMode mb = CacheMode::MemoryBound;
+  std::vector<AttnCase> cases;
+  for (int D : {80, 96}) {
+    cases.push_back({d4b8, D, 2, 2, 4, 900, 150, 64, true, 0, DType::F16, CacheMode::Standard, 1});     // batch 2
+    cases.push_back({d4b8, D, 1, 2, 4, 1200, 97, 128, true, 200, DType::BF16, CacheMode::Standard, 1});  // bf16, sliding
+    cases.push_back({dflt, D, 2, 2, 4, 1000, 77, 64, true, 0, DType::F16, mb, 1});                      // rows, batch 2
+    cases.push_back({dflt, D, 1, 3, 2, 500, 45, 128, true, 100, DType::BF16, mb, 1});                   // rows, sliding
+    cases.push_back({d4b8, D, 1, 2, 8, 300, 120, 0, false, 0, DType::F32, mb, 1});                      // no window, G 8
+    cases.push_back({d8b12, D, 2, 1, 1, 70, 33, 16, true, 0, DType::F16, mb, 1});                       // G 1, d8 keys
+    cases.push_back({d4b8, D, 1, 1, 8, 0, 260, 16, true, 0, DType::BF16, mb, 3});                       // no history, sharp
+    cases.push_back({dflt, D, 2, 2, 4, 333, 40, 64, true, 0, DType::BF16, CacheMode::Stash, 1});       // held rows
+  }
+  const std::vector<CodebookFormat> fmts = {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8,
+                                            CodebookFormat::I8KV};
+  double worst = 0, worst_chunks = 0, worst_split = 0;
+  int run = 0, over_rows = 0;
+  for (const AttnCase& a : cases) {
+    ASSERT_TRUE(compiled(a.spec, a.D)) << describe(a);
+    for (CodebookFormat fmt : fmts) {
+      if (a.mode == CacheMode::Standard && fmt != CodebookFormat::F16) continue;  // (exact rows: no codebook format)
+      if (a.mode == CacheMode::Stash && fmt != CodebookFormat::F16) continue;      // (held rows agree with fp16 codebooks)
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      OracleCase oc = oracle_case(a, rng, fmt);
+      const CacheState before_state = oc.cc.gpu->state();
+      const bool std_mode = a.mode == CacheMode::Standard;
+      // the exact-rows kernel: forced for the Standard cache (its small grid), over rows otherwise
+      const int prev_mode = cuda::set_prefill_mode(std_mode ? cuda::kPrefillAlways : cuda::kPrefillAuto);
+      const int prev_rows = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
+      const long long e0 = cuda::prefill_exact_launches(), r0 = cuda::prefill_rows_launches();
+      const std::vector<float> rows = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      EXPECT_EQ(cuda::prefill_exact_launches() - e0, 1);
+      EXPECT_EQ(cuda::prefill_rows_launches() - r0, std_mode ? 0 : 1);
+      over_rows += !std_mode;
+      // the history split over 2 and 4 blocks, then merged
+      for (int splits : {2, 4}) {
+        SCOPED_TRACE("history split over " + std::to_string(splits));
+        const int prev_splits = cuda::set_prefill_exact_splits(splits);
+        const long long s0 = cuda::prefill_split_launches();
+        const std::vector<float> o = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+        cuda::set_prefill_exact_splits(prev_splits);
+        EXPECT_EQ(cuda::prefill_split_launches() - s0, 1);
+        const double between = nmse(o, rows);
+        EXPECT_LE(between, 1e-5) << "against the unsplit kernel";
+        worst_split = std::max(worst_split, between);
+      }
+      // the plain kernel's row chunks on the same call
+      cuda::set_prefill_mode(cuda::kPrefillOff);
+      cuda::set_prefill_rows_mode(cuda::kRowsOff);
+      const long long k0 = cuda::prefill_launches();
+      const std::vector<float> chunks = floats(oc.cc.gpu->fused_sdpa(oc.qd.view(), oc.sp));
+      EXPECT_EQ(cuda::prefill_launches(), k0);
+      cuda::set_prefill_rows_mode(prev_rows);
+      cuda::set_prefill_mode(prev_mode);
+      const double e = nmse(rows, oc.ref), e_chunks = nmse(chunks, oc.ref);
+      EXPECT_LE(e, kAttnNmse);
+      EXPECT_LE(e_chunks, kAttnNmse);
+      EXPECT_LE(nmse(rows, chunks), kAttnNmse);
+      expect_same_state(before_state, oc.cc.gpu->state(), "after prefill over rows");
+      worst = std::max(worst, e), worst_chunks = std::max(worst_chunks, e_chunks);
+      ++run;
+    }
+  }
+  EXPECT_EQ(run, 2 * (2 + 5 * 4 + 1));
+  EXPECT_EQ(over_rows, 2 * (5 * 4 + 1));
+  std::printf("[cuda prefill, head_dim 80/96] %d calls (%d over expanded or held rows), worst NMSE %.3g (row chunks "
+              "%.3g) against the oracle, %.3g split against unsplit\n",
+              run, over_rows, worst, worst_chunks, worst_split);
+}
+
 // ------------------------------------------------------------------------------------------
 TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(11);
   for (DType st : {DType::F16, DType::BF16})
     for (int D : {64, 128, 80, 96}) {
-      const bool tuned = D == 64 || D == 128;  // 80, 96: the plain kernel (no four-row or prefill kernel)
+      const bool tuned = D == 64 || D == 128;  // 80, 96: the plain kernel (no four-row kernel)
       KVCacheConfig c;
       c.kind = CacheKind::FP16;
       c.head_dim = D;
@@ -1388,7 +1472,8 @@ TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
         EXPECT_EQ(floats(gk), ck.to_vector_f32());
         EXPECT_EQ(floats(gv), cv.to_vector_f32());
         // q_len 3: 12 rows a kv head (8-row kernel, two chunks); q_len 1: 4 rows (the four-row
-        // kernel); q_len 40: the prefill kernel (forced: this small grid would not fill the GPU)
+        // kernel); q_len 40: the prefill kernel (forced: this small grid would not fill the GPU;
+        // at 80 and 96 the exact-rows one)
         for (int q_len : {3, 1, 40}) {
           Tensor q = random_tensor({B, H * G, q_len, D}, DType::F16, rng);
           Tensor want = Tensor::empty(q.sizes(), DType::F32);
@@ -1400,7 +1485,7 @@ TEST(CudaFP16Cache, FetchAndAttentionMatchTheCpuCache) {
           cuda::set_prefill_mode(prev);
           EXPECT_LE(nmse(floats(got), want.to_vector_f32()), kAttnNmse) << dtype_name(st) << " D=" << D << " q_len=" << q_len;
           EXPECT_EQ(cuda::attn_rows4_launches() > rows4, tuned && q_len == 1) << "which kernel ran, q_len=" << q_len;
-          EXPECT_EQ(cuda::prefill_launches() > pre, tuned && q_len == 40) << "which kernel ran, q_len=" << q_len;
+          EXPECT_EQ(cuda::prefill_launches() > pre, q_len == 40) << "which kernel ran, q_len=" << q_len;
         }
       }
       EXPECT_EQ(gpu->trim(100), 100);

@@ -113,11 +113,23 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
   EXPECT_TRUE(f128.cache && f128.attention) << f128.reason;
   EXPECT_EQ(f128.kernel, "d4b8/d4b8@128");
   EXPECT_TRUE(f128.prefill_kernel);
-  // head_dim 96 (and 80): the plain kernel, no prefill kernel
+  // head_dim 96 (and 80): the plain kernel; prompts on the exact-rows prefill kernel
   const CudaSupport f96 = cuda_support(config(CacheKind::FP16, 96, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   EXPECT_TRUE(f96.cache && f96.attention) << f96.reason;
   EXPECT_EQ(f96.kernel, "d4b8/d4b8@96");
-  EXPECT_FALSE(f96.prefill_kernel);
+  EXPECT_TRUE(f96.prefill_kernel);
+  EXPECT_FALSE(f96.prefill_over_rows);
+  // a memory-bound VecInfer cache there: no prefill kernel over its codes, prompts over its
+  // tokens expanded into rows
+  for (int D : {80, 96}) {
+    KVCacheConfig v;
+    v.fused_sdpa = v.fused_sdpa_memory_bound = true;
+    v.head_dim = D;
+    const CudaSupport sv = cuda_support(v);
+    EXPECT_TRUE(sv.cache && sv.attention) << D << ": " << sv.reason;
+    EXPECT_FALSE(sv.prefill_kernel) << D;
+    EXPECT_TRUE(sv.prefill_over_rows) << D;
+  }
   const CudaSupport f112 = cuda_support(config(CacheKind::FP16, 112, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   EXPECT_FALSE(f112.cache);
   EXPECT_EQ(f112.reason, "CUDA FP16 cache: head_dim 112 is not supported (64, 128, 256, 80, 96)");
