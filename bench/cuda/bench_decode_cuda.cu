@@ -521,6 +521,7 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --profile           per-block phase timestamps (diagnosis)
   --startup-probe     a cold tile's landing at launch (diagnosis)
   A/B switches: --window-regs --window-last --value-gathers --no-cluster --no-hint --no-rows4 --no-wide
+                --no-plain-rep (the plain kernel of head_dim 80/96 on one copy of each codebook)
                 --window-weight W (the split planner's weight of a window token)
                 --materialize-lanes [1|0] (the prefill expansion over head_dim / 16 lanes a row,
                 the default, or a warp a row)
@@ -539,7 +540,7 @@ int main(int argc, char** argv) {
   double guard_us = 0.0;
   bool startup_probe_only = false;
   bool quick = false, skip_encode = false, skip_step = false, profile = false, window_regs = false,
-       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, prefill = false, plain = false;
+       value_gathers = false, window_last = false, no_cluster = false, no_hint = false, no_rows4 = false, no_wide = false, no_plain_rep = false, prefill = false, plain = false;
   int plain_kv = kKV, plain_dim = 0;  // --plain-kv, --plain-dim (0: 96 and 80)
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -578,7 +579,8 @@ int main(int argc, char** argv) {
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
-    else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
+    else if (a == "--no-wide") no_wide = true;
+    else if (a == "--no-plain-rep") no_plain_rep = true;  // A/B: the plain kernel (head_dim 80/96) on one codebook copy  // A/B: grids of two waves or more on the one-block kernels
     else if (a == "--materialize-lanes") {  // A/B: the prefill expansion, D/16 lanes a row (1, the default) or a warp (0)
       const bool arg = i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1");
       cuda::set_materialize_lanes(arg ? std::atoi(argv[++i]) : 1);
@@ -603,6 +605,7 @@ int main(int argc, char** argv) {
   cuda::attn_set_cluster_merge(!no_cluster);
   cuda::attn_set_rows4(!no_rows4);
   cuda::attn_set_wide(!no_wide);
+  cuda::attn_set_plain_replicated(!no_plain_rep);
   cuda::attn_set_window_first(!window_last);
   if (!cuda_is_available()) {
     std::printf("no CUDA device: nothing to measure\n");

@@ -31,10 +31,6 @@ void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
-/// The instantiation of a plain entry's kernel (attention_any_dim.cu) a launch with p's rows
-/// takes (the fewest rows that hold a chunk's live rows); the entry's own kernel is the widest
-/// (occupancy queries).
-const void* attn_any_dim_kernel(const AttnEntry& e, const AttnParams& p);
 
 namespace {
 
@@ -266,15 +262,20 @@ void derive_divisors(AttnParams& p) {
 void launch_entry(const AttnEntry& entry, const AttnParams& p, dim3 grid, void* stream, int priority = 0,
                   bool pdl = false) {
   AttnEntry e = entry;
-  if (e.plain) {  // the plain kernel's instantiation for this launch's rows (no more smem than the entry's)
-    e.kernel = attn_any_dim_kernel(entry, p);
+  AnyDimLaunch any;
+  if (e.plain) {  // the plain kernel's instantiation for this launch's rows, its codebooks' replication
+    any = attn_any_dim_launch(entry, p);
+    e.kernel = any.kernel, e.smem = any.smem;
     raise_smem_limit(e.kernel, size_t(e.smem));
   }
   const bool cluster = use_cluster(e, p);
   pdl = pdl && g_step_pdl.load() && runs_sm90_code(e);
   AttnParams pg = p;
   pg.cluster_launch = cluster ? 1 : 0;
-  if (e.plain) pg.plain_key_bits = e.key.key_bits, pg.plain_value_bits = e.key.value_bits, pg.plain_cb_fmt = e.key.cb_fmt;
+  if (e.plain) {
+    pg.plain_key_bits = e.key.key_bits, pg.plain_value_bits = e.key.value_bits, pg.plain_cb_fmt = e.key.cb_fmt;
+    pg.plain_cb_rep = any.cb_rep;
+  }
   derive_divisors(pg);
   void* args[] = {&pg};
   if (!cluster && priority == 0 && !pdl) {

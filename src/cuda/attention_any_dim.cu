@@ -18,21 +18,28 @@
 // Shape, and why. The tuned kernels gather centroids straight into tensor-core fragments, a
 // layout built on head dims of 32·2^k; this one is the reference-first form, kept simple:
 //  * 256 threads a block; the codebooks decoded once into shared memory as fp16 (int8 and E4M3
-//    entries times their scale), so the loop is the same for every format.
+//    entries times their scale), so the loop is the same for every format. A codebook of at most
+//    256 entries is held once per lane of a shared-memory wavefront (16 copies of a d4 codebook,
+//    8 of a d8 one, 32 KB either way; AttnParams::plain_cb_rep) with copy l in banks of its own,
+//    so the random centroid gathers of the score and value phases never conflict: run 187's
+//    profile found the kernel bound by shared-memory wavefronts, most of them those conflicts.
 //  * Tiles of 256 tokens, their code rows staged into shared memory by cp.async one tile ahead
 //    (run 185's first version read them through L1, a thread a row, and was latency-bound:
 //    0.55x of the fp16 peer). Scores: a thread a token, each key centroid dotted with every live
-//    row's q̃ (shared-memory broadcasts). The token's value codes go to shared memory (u16) for
-//    the value phase.
+//    row's q̃ (shared-memory broadcasts). The value phase reads the value codes from the staged
+//    rows.
 //  * Softmax: a warp a row over the tile (max, exp2, sum), the running max and sum in shared
 //    memory, fp32, scores in log2 units.
 //  * Values: a thread owns one value sub-vector (VS dims) of up to 32 / VS rows and every K-th
 //    token of the tile; its fp32 accumulators are summed over the K token lanes once, at the end.
+//  * The value partials are summed over the token lanes in shared memory that the tiles no
+//    longer need (the codebooks and staged rows), so that reduction costs no shared memory.
 //  * Splits: the partials (unnormalised) and (max, sum) per row go to the workspace; the last
 //    block of a segment (an acquire-release counter) merges them. No thread-block clusters.
 // Oracle: vecinfer_attention_ref (tests/cuda/test_cuda_cache.cpp runs these head dims through
 // every test that loops over head dims).
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <map>
 #include <mutex>
@@ -72,25 +79,37 @@ __host__ __device__ constexpr AnyMap any_map(int D, int VS, int rows) {
 
 /// Shared-memory layout (byte offsets), the same on the host (launch size) and the device.
 struct AnyLayout {
-  int kcb, vcb, kraw, vraw, qt, qr, s, vc, st, red, total;
+  int st, kcb, vcb, kraw, vraw, qt, qr, s, red, total;
 };
+/// AttnParams::plain_cb_rep: the key (bit 0) and value (bit 1) codebooks held once per lane of a
+/// shared-memory wavefront. A replicated codebook of 2^bits entries takes 2^bits · 128 bytes:
+/// entry c, copy l at halves c · 64 + l · sub_dim (l = lane mod 64 / sub_dim: 16 copies of a d4
+/// entry, 8 of a d8 one), so the lanes of a half-warp (8-byte d4 entries) or quarter-warp (16-byte
+/// d8 entries), which the hardware serves in one wavefront, each read banks of their own.
+constexpr int kAnyRepKeys = 1, kAnyRepValues = 2;
+constexpr int kAnyRepMaxBits = 8;  // 256 entries: 32 KB a replicated codebook
+__host__ __device__ constexpr int any_cb_bytes(int sub, int bits, bool rep) {
+  return rep ? (1 << bits) * 128 : any_align16((1 << bits) * sub * 2);
+}
 /// Bytes of a packed code row as the caches lay them out (pq.h, padded to 4 bytes).
 __host__ __device__ constexpr int any_row_bytes(int D, int sub, int bits) { return ((D / sub * bits + 7) / 8 + 3) / 4 * 4; }
-__host__ __device__ constexpr AnyLayout any_layout(int D, int KS, int KB, int VS, int VB, int rows, bool codes) {
+__host__ __device__ constexpr AnyLayout any_layout(int D, int KS, int KB, int VS, int VB, int rows, bool codes,
+                                                    int rep) {
   const AnyMap m = any_map(D, VS, rows);
   AnyLayout L{};
   int o = 0;
-  L.kcb = o, o += codes ? any_align16((1 << KB) * KS * 2) : 0;  // fp16 key centroids
-  L.vcb = o, o += codes ? any_align16((1 << VB) * VS * 2) : 0;  // fp16 value centroids
-  L.kraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, KS, KB) : 0;  // two tiles of key code rows
-  L.vraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, VS, VB) : 0;  // and of value code rows
-  L.qt = o, o += rows * D * 4;                                  // q̃ per row (f32)
-  L.qr = o, o += rows * D * 4;                                  // raw q per row (f32)
-  L.s = o, o += rows * kAnyTile * 4;                            // the tile's scores, then probabilities
-  L.vc = o, o += any_align16(kAnyTile * (D / VS) * 2);          // the tile's value codes (u16)
-  L.st = o, o += any_align16(3 * rows * 4);                     // running max, sum, this tile's factor
-  L.red = o, o += m.k * rows * D * 4;                           // the value partials' reduction
-  L.total = o;
+  L.st = o, o += any_align16(3 * rows * 4);                                  // running max, sum, this tile's factor
+  L.kcb = o, o += codes ? any_cb_bytes(KS, KB, rep & kAnyRepKeys) : 0;      // fp16 key centroids
+  L.vcb = o, o += codes ? any_cb_bytes(VS, VB, rep & kAnyRepValues) : 0;    // fp16 value centroids
+  L.kraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, KS, KB) : 0;     // two tiles of key code rows
+  L.vraw = o, o += codes ? 2 * kAnyTile * any_row_bytes(D, VS, VB) : 0;     // and of value code rows
+  L.qt = o, o += rows * D * 4;                                               // q̃ per row (f32)
+  L.qr = o, o += rows * D * 4;                                               // raw q per row (f32)
+  L.s = o, o += rows * kAnyTile * 4;                                         // the tile's scores, then probabilities
+  // the value partials' reduction, after the last tile: over everything but the running state
+  L.red = L.kcb;
+  const int red_end = L.red + m.k * rows * D * 4;
+  L.total = o > red_end ? o : red_end;
   return L;
 }
 
@@ -115,6 +134,13 @@ __device__ __forceinline__ void any_halves(const __half* p, float (&v)[N]) {
     const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&w[i]));
     v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
+}
+
+/// Entry c of an fp16 codebook in shared memory of sub_dim N: copy (lane mod 64 / N) of a
+/// replicated one (kAnyRepKeys / kAnyRepValues), else the one copy.
+template <int N>
+__device__ __forceinline__ const __half* any_entry(const __half* cb, uint32_t c, bool rep, int lane) {
+  return rep ? cb + c * 64u + uint32_t(lane & (64 / N - 1)) * N : cb + c * N;
 }
 
 /// N 16-bit window values (fp16 or bf16; N = 4 or 8, 8- or 16-byte aligned) from global memory.
@@ -158,7 +184,7 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
   static_assert(D % 16 == 0 && D % KS == 0 && D % VS == 0 && D <= 256, "head_dim a multiple of 16 and the sub_dims");
   static_assert(NR <= kAnyMaxRows && kAnyThreads / 32 * 2 >= kAnyMaxRows, "a warp serves at most two rows in the softmax");
   constexpr int kB = D & -D;  // the Hadamard block (hadamard_block_size)
-  constexpr int kNK = D / KS, kNV = D / VS, kRPT = any_map(D, VS, NR).rpt;
+  constexpr int kNK = D / KS, kRPT = any_map(D, VS, NR).rpt;
   extern __shared__ __align__(16) unsigned char smem[];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int kRows = p.rows_per_chunk;
@@ -172,7 +198,9 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
   if (n_live > NR) __trap();  // attn_launch picks an instantiation of at least the chunk's live rows
   const bool codes = !p.win_all;
   const int KB = codes ? p.plain_key_bits : 0, VB = codes ? p.plain_value_bits : 0;
-  const AnyLayout lay = any_layout(D, KS, KB, VS, VB, NR, codes);
+  const int rep = codes ? p.plain_cb_rep : 0;
+  const bool krep = rep & kAnyRepKeys, vrep = rep & kAnyRepValues;
+  const AnyLayout lay = any_layout(D, KS, KB, VS, VB, NR, codes, rep);
   const int krs = any_row_bytes(D, KS, max(KB, 1)), vrs = any_row_bytes(D, VS, max(VB, 1));
   constexpr AnyMap map = any_map(D, VS, NR);
   __half* const sKcb = reinterpret_cast<__half*>(smem + lay.kcb);
@@ -180,7 +208,6 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
   float* const sQt = reinterpret_cast<float*>(smem + lay.qt);
   float* const sQr = reinterpret_cast<float*>(smem + lay.qr);
   float* const sS = reinterpret_cast<float*>(smem + lay.s);
-  uint16_t* const sVc = reinterpret_cast<uint16_t*>(smem + lay.vc);
   float* const sM = reinterpret_cast<float*>(smem + lay.st);
   float* const sL = sM + NR;
   float* const sA = sL + NR;
@@ -202,8 +229,24 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
     const void* kc = kkind ? static_cast<const void*>(p.k_cb8) : static_cast<const void*>(p.k_cb16);
     const void* vc = vkind ? static_cast<const void*>(p.v_cb8) : static_cast<const void*>(p.v_cb16);
     const float kmul = kkind ? p.k_cb_qmul : 1.0f, vmul = vkind ? p.v_cb_omul : 1.0f;
-    for (int i = tid; i < (KS << KB); i += kAnyThreads) sKcb[i] = __float2half_rn(any_centroid(kc, kkind, i, kmul));
-    for (int i = tid; i < (VS << VB); i += kAnyThreads) sVcb[i] = __float2half_rn(any_centroid(vc, vkind, i, vmul));
+    if (krep) {  // entry c, copy l (any_entry)
+      for (int i = tid; i < (KS << KB); i += kAnyThreads) {
+        const __half x = __float2half_rn(any_centroid(kc, kkind, i, kmul));
+        const int c = i / KS, e = i - c * KS;
+        for (int l = 0; l < 64 / KS; ++l) sKcb[c * 64 + l * KS + e] = x;
+      }
+    } else {
+      for (int i = tid; i < (KS << KB); i += kAnyThreads) sKcb[i] = __float2half_rn(any_centroid(kc, kkind, i, kmul));
+    }
+    if (vrep) {
+      for (int i = tid; i < (VS << VB); i += kAnyThreads) {
+        const __half x = __float2half_rn(any_centroid(vc, vkind, i, vmul));
+        const int c = i / VS, e = i - c * VS;
+        for (int l = 0; l < 64 / VS; ++l) sVcb[c * 64 + l * VS + e] = x;
+      }
+    } else {
+      for (int i = tid; i < (VS << VB); i += kAnyThreads) sVcb[i] = __float2half_rn(any_centroid(vc, vkind, i, vmul));
+    }
   }
 
   // ---- queries: raw q and q̃ = (q ⊙ λ)·H per live row ----------------------------------------
@@ -311,12 +354,11 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
       for (int r = 0; r < NR; ++r) acc[r] = 0.0f;
       if (coded) {
         const uint32_t* krow = reinterpret_cast<const uint32_t*>(smem + lay.kraw + (buf * kAnyTile + tid) * krs);
-        const uint32_t* vrow = reinterpret_cast<const uint32_t*>(smem + lay.vraw + (buf * kAnyTile + tid) * vrs);
 #pragma unroll 4
         for (int m = 0; m < kNK; ++m) {
           const uint32_t c = any_code(krow, m, KB);
           float cv[KS];
-          any_halves<KS>(sKcb + c * KS, cv);
+          any_halves<KS>(any_entry<KS>(sKcb, c, krep, lane), cv);
 #pragma unroll
           for (int r = 0; r < NR; ++r) {
             const float* q = sQt + r * D + m * KS;
@@ -326,7 +368,6 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
             acc[r] = s;
           }
         }
-        for (int m = 0; m < kNV; ++m) sVc[tid * kNV + m] = uint16_t(any_code(vrow, m, VB));
       } else {
         const int64_t slot = p.win_ring ? t % p.win_cap : t;
         const uint16_t* krow = static_cast<const uint16_t*>(p.k_win) + (bh * p.win_cap + slot) * D;
@@ -399,7 +440,8 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
       for (int i = vk; i < n; i += map.k) {
         float cv[VS];
         if (coded) {
-          any_halves<VS>(sVcb + sVc[i * kNV + vj] * VS, cv);
+          const uint32_t* vrow = reinterpret_cast<const uint32_t*>(smem + lay.vraw + (buf * kAnyTile + i) * vrs);
+          any_halves<VS>(any_entry<VS>(sVcb, any_code(vrow, vj, VB), vrep, lane), cv);
         } else {
           const int t = t0 + i;
           const int64_t slot = p.win_ring ? t % p.win_cap : t;
@@ -416,7 +458,7 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
         }
       }
     }
-    __syncthreads();  // the next tile rewrites the scores and the value codes
+    __syncthreads();  // the next tile rewrites the scores (and its staging, the buffer before)
   };
   if (c1 > c0) stage(c0, min(kAnyTile, c1 - c0), 0);
   for (int t0 = c0, buf = 0; t0 < c1; t0 += kAnyTile, buf ^= 1) {
@@ -526,7 +568,55 @@ int any_rows_variant(int rows) {
   return kAnyMaxRows;
 }
 
+std::atomic<bool> g_plain_rep{true};
+std::atomic<long long> g_plain_rep_launches{0};
+
+/// Shared memory a multiprocessor has and a block may opt into, on the current device (cached).
+std::pair<int, int> device_smem() {
+  static std::mutex mu;
+  static std::map<int, std::pair<int, int>> cache;
+  int dev = 0;
+  VQ_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache.find(dev);
+  if (it == cache.end()) {
+    int sm = 0, block = 0;
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    it = cache.emplace(dev, std::make_pair(sm, block)).first;
+  }
+  return it->second;
+}
+
+/// Blocks of `smem` dynamic bytes a multiprocessor holds (at most the kernel's 2; the driver's
+/// 1 KB a block and the kernel's static bytes counted), 0 where one block does not fit.
+int any_blocks(int smem, std::pair<int, int> dev) {
+  if (smem > dev.second) return 0;
+  return std::min(2, dev.first / (smem + 1024 + 64));
+}
+
+/// The replication (AttnParams::plain_cb_rep) of a launch of `nr` rows on key k: the most
+/// codebooks of at most kAnyRepMaxBits that keep as many blocks a multiprocessor as none would
+/// (keys first: scores gather a centroid a sub-vector, values one a value sub-vector), none
+/// while attn_set_plain_replicated is off.
+int any_rep(const AttnConfigKey& k, int nr, std::pair<int, int> dev) {
+  if (!g_plain_rep.load()) return 0;
+  auto bytes = [&](int rep) {
+    return any_layout(k.head_dim, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, rep).total;
+  };
+  const int base = any_blocks(bytes(0), dev);
+  const bool rk = k.key_bits <= kAnyRepMaxBits, rv = k.value_bits <= kAnyRepMaxBits;
+  for (int rep : {kAnyRepKeys | kAnyRepValues, kAnyRepKeys, kAnyRepValues}) {
+    if (((rep & kAnyRepKeys) && !rk) || ((rep & kAnyRepValues) && !rv)) continue;
+    if (any_blocks(bytes(rep), dev) >= std::max(base, 1)) return rep;
+  }
+  return 0;
+}
+
 }  // namespace
+
+bool attn_set_plain_replicated(bool allowed) { return g_plain_rep.exchange(allowed); }
+long long attn_plain_replicated_launches() { return g_plain_rep_launches.load(); }
 
 bool attn_any_head_dim(int head_dim) {
   for (int d : kAnyHeadDims)
@@ -540,10 +630,10 @@ const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
   if (k.key_bits < 4 || k.key_bits > kAnyMaxBits || k.value_bits < 4 || k.value_bits > kAnyMaxBits) return nullptr;
   if (k.n_tiles < 1 || k.n_tiles > 2 || k.cb_fmt < 0 || k.cb_fmt > 3) return nullptr;
   const int D = k.head_dim, rows = 8 * k.n_tiles;
-  int smem = 0;  // the largest of the instantiations a launch of this key may take
+  int smem = 0;  // the largest of the instantiations a launch of this key may take, unreplicated
   for (int nr : kAnyRowVariants)
     if (nr <= rows)
-      smem = std::max(smem, any_layout(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true).total);
+      smem = std::max(smem, any_layout(D, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, 0).total);
   if (smem > 227 * 1024) return nullptr;
   static std::mutex mu;
   static std::map<std::tuple<int, int, int, int, int, int, int>, AttnEntry> entries;
@@ -564,9 +654,16 @@ const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
   return &it->second;  // std::map nodes never move
 }
 
-const void* attn_any_dim_kernel(const AttnEntry& e, const AttnParams& p) {
+AnyDimLaunch attn_any_dim_launch(const AttnEntry& e, const AttnParams& p) {
   const int rows = std::min(8 * e.key.n_tiles, p.n_heads / std::max(p.n_kv_heads, 1) * p.q_len);
-  return any_kernel_for(e.key.head_dim, e.key.key_sub_dim, e.key.value_sub_dim, any_rows_variant(rows));
+  const int nr = any_rows_variant(rows);
+  const AttnConfigKey& k = e.key;
+  AnyDimLaunch l;
+  l.kernel = any_kernel_for(k.head_dim, k.key_sub_dim, k.value_sub_dim, nr);
+  l.cb_rep = p.win_all ? 0 : any_rep(k, nr, device_smem());
+  l.smem = any_layout(k.head_dim, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, l.cb_rep).total;
+  if (l.cb_rep) g_plain_rep_launches.fetch_add(1);
+  return l;
 }
 
 }  // namespace veloxquant::cuda

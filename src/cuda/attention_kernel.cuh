@@ -2153,6 +2153,14 @@ struct AttnEntry {
 };
 /// The plain kernel's entry for k (head dims kAnyHeadDims), or null where it does not serve k.
 const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k);
+/// A launch of a plain entry's kernel with p's rows: the instantiation (the fewest rows that hold
+/// a chunk's live rows; the entry's own kernel is the widest, for occupancy queries), its
+/// codebooks' replication (AttnParams::plain_cb_rep) and its shared memory.
+struct AnyDimLaunch {
+  const void* kernel = nullptr;
+  int smem = 0, cb_rep = 0;
+};
+AnyDimLaunch attn_any_dim_launch(const AttnEntry& e, const AttnParams& p);
 
 
 template <int D, int KS, int KB, int VS, int VB, int NT, int KT = 2, int MINB = 1, int W = 8, int PIPE = 0, int CBF = 0,

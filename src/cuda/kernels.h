@@ -154,6 +154,9 @@ struct AttnParams {
   /// Set by attn_launch, not by callers: the configuration of a launch on the plain kernel of
   /// the head dims without a tuned one (attn_any_head_dim), which reads these at run time.
   int plain_key_bits = 0, plain_value_bits = 0, plain_cb_fmt = 0;
+  /// Set by attn_launch, not by callers: the plain kernel's key (bit 0) and value (bit 1)
+  /// codebooks held once per lane of a shared-memory wavefront (attention_any_dim.cu).
+  int plain_cb_rep = 0;
 };
 /// Head dims served by the plain attention kernel (src/cuda/attention_any_dim.cu) rather than a
 /// tuned one: every codebook configuration of up to 12 bits and every format, any q_len.
@@ -360,6 +363,15 @@ int device_sms(int dev = -1);
 /// the window first (AttnTraits::kWinFirst: the defaults' one-row-tile kernels, d8 values); the
 /// others attend it last either way. Returns the previous setting.
 bool attn_set_window_first(bool on);
+/// Process-wide switch for the plain kernel's replicated codebooks (default on; head dims 80 and
+/// 96): a key or value codebook of at most 256 entries is held once per lane of a shared-memory
+/// wavefront, so its random gathers never conflict, where that keeps as many blocks a
+/// multiprocessor as without. Off, every launch reads one copy (A/B benchmarks, tests of both:
+/// the results are the same bit for bit). Returns the previous setting.
+bool attn_set_plain_replicated(bool allowed);
+/// Plain-kernel launches so far in this process with a replicated codebook (tests check which
+/// path ran).
+long long attn_plain_replicated_launches();
 /// Launches so far in this process by a window-first kernel with the window first on (whether
 /// or not the launch holds window rows; tests check which path ran).
 long long attn_window_first_launches();

@@ -12,6 +12,7 @@
 //    (a wrong token or dimension gives NMSE ~ 1).
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <sstream>
@@ -1364,6 +1365,62 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
   std::printf("[cuda plain kernel, head_dim 80/96] %d cases, worst NMSE %.3g vs the oracle on the kernel's operands "
               "(bound %.1g), %.3g vs the f32-codebook exact-query oracle; %zu captured step sequences, worst %.3g\n",
               run, worst, kAttnNmse, worst_f32, graphs.size(), worst_graph);
+}
+
+// The plain kernel's replicated codebooks (attn_set_plain_replicated): a codebook of at most 256
+// entries held once per lane of a shared-memory wavefront changes where a centroid is read, not
+// what is computed, so the outputs with and without must agree bit for bit; the launch counter
+// says which path ran (keys and values replicated at d4b8 and d8b8, values only for the
+// defaults' 4096-entry keys, neither at d8b12), and both match the oracle. Every codebook
+// format (each decodes into the fp16 copies differently); GQA 1 to 8 (the 1-, 4-, 8- and 16-row
+// instantiations: at 16 rows d4b8 keeps one copy of its values, as both would cost a block a
+// multiprocessor), splits, a window-only Standard launch, Stash, bf16 windows, sliding masks.
+TEST(CudaAttention, PlainKernelReplicatedCodebooksChangeNothing) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x9680e;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8}, d8b8{8, 8, 8, 8}, d8b12{8, 12, 8, 12};
+  const CacheMode mb = CacheMode::MemoryBound;
+  struct Case {
+    AttnCase a;
+    bool replicated;  // whether any codebook of the case is held per lane
+  };
+  std::vector<Case> cases;
+  for (int D : {80, 96}) {
+    cases.push_back({{d4b8, D, 1, 4, 4, 5000, 1, 128, true, 0, DType::F16, mb, 1}, true});        // G 4, splits
+    cases.push_back({{d4b8, D, 2, 4, 1, 900, 1, 64, true, 0, DType::BF16, mb, 3}, true});         // G 1 (Phi-3), sharp
+    cases.push_back({{d4b8, D, 1, 2, 8, 700, 2, 32, true, 0, DType::F16, mb, 1}, true});          // 16 rows
+    cases.push_back({{dflt, D, 2, 2, 4, 1500, 1, 128, true, 0, DType::BF16, mb, 1}, true});       // values only
+    cases.push_back({{d8b8, D, 1, 2, 8, 600, 1, 16, true, 200, DType::F32, mb, 1}, true});        // d8, sliding
+    cases.push_back({{d8b12, D, 1, 2, 4, 400, 1, 16, true, 0, DType::F16, mb, 1}, false});        // nothing fits
+    cases.push_back({{d4b8, D, 1, 2, 4, 333, 1, 32, true, 0, DType::F16, CacheMode::Stash, 1}, true});
+    cases.push_back({{d4b8, D, 1, 2, 4, 250, 1, 16, true, 0, DType::F16, CacheMode::Standard, 1}, false});  // rows only
+  }
+  SwitchedWorst worst;
+  int replicated = 0;
+  for (CodebookFormat fmt : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
+    for (const Case& c : cases) {
+      const AttnCase& a = c.a;
+      if (a.mode == CacheMode::Standard && fmt != CodebookFormat::F16) continue;  // (exact rows: no codebook format)
+      ASSERT_TRUE(compiled(a.spec, a.D)) << describe(a);
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      const OracleCase oc = oracle_case(a, rng, fmt);
+      const SwitchedOutputs r =
+          with_and_without(cuda::attn_set_plain_replicated, cuda::attn_plain_replicated_launches, oc, "replicated codebooks");
+      EXPECT_EQ(r.launches_on > 0, c.replicated) << "which path ran";
+      ASSERT_EQ(r.on.size(), r.off.size());
+      size_t differ = 0;
+      for (size_t i = 0; i < r.on.size(); ++i) differ += std::memcmp(&r.on[i], &r.off[i], sizeof(float)) != 0;
+      EXPECT_EQ(differ, 0u) << "outputs that differ with and without the copies, of " << r.on.size();
+      replicated += r.launches_on > 0;
+      worst.add(r);
+    }
+  }
+  EXPECT_GT(replicated, 0);
+  std::printf("[cuda plain kernel, replicated codebooks] %d cases (%d with copies), outputs equal bit for bit with and "
+              "without; worst NMSE %.3g vs the oracle\n",
+              worst.cases, replicated, worst.oracle);
 }
 
 // Prompts at head dims 80 and 96: the exact-rows prefill kernel (prefill_exact_kernel.cuh, its
