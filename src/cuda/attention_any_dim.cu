@@ -179,6 +179,22 @@ __device__ __forceinline__ float any_centroid(const void* cb, int kind, int64_t 
   return float(int(byte) - 128) * mul;
 }
 
+/// A codebook of 2^bits entries of sub_dim N decoded into fp16 shared memory (any_centroid's
+/// kinds), in one copy or, replicated, in 64 / N (any_entry's layout).
+template <int N>
+__device__ __forceinline__ void any_fill_codebook(__half* dst, const void* src, int kind, int bits, float mul, bool rep,
+                                                  int tid) {
+  for (int i = tid; i < (N << bits); i += kAnyThreads) {
+    const __half x = __float2half_rn(any_centroid(src, kind, i, mul));
+    if (!rep) {
+      dst[i] = x;
+      continue;
+    }
+    const int c = i / N, e = i - c * N;
+    for (int l = 0; l < 64 / N; ++l) dst[c * 64 + l * N + e] = x;
+  }
+}
+
 template <int D, int KS, int VS, int NR>
 __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const AttnParams p) {
   static_assert(D % 16 == 0 && D % KS == 0 && D % VS == 0 && D <= 256, "head_dim a multiple of 16 and the sub_dims");
@@ -229,24 +245,8 @@ __global__ void __launch_bounds__(kAnyThreads, 2) vq_attn_any_dim_kernel(const A
     const void* kc = kkind ? static_cast<const void*>(p.k_cb8) : static_cast<const void*>(p.k_cb16);
     const void* vc = vkind ? static_cast<const void*>(p.v_cb8) : static_cast<const void*>(p.v_cb16);
     const float kmul = kkind ? p.k_cb_qmul : 1.0f, vmul = vkind ? p.v_cb_omul : 1.0f;
-    if (krep) {  // entry c, copy l (any_entry)
-      for (int i = tid; i < (KS << KB); i += kAnyThreads) {
-        const __half x = __float2half_rn(any_centroid(kc, kkind, i, kmul));
-        const int c = i / KS, e = i - c * KS;
-        for (int l = 0; l < 64 / KS; ++l) sKcb[c * 64 + l * KS + e] = x;
-      }
-    } else {
-      for (int i = tid; i < (KS << KB); i += kAnyThreads) sKcb[i] = __float2half_rn(any_centroid(kc, kkind, i, kmul));
-    }
-    if (vrep) {
-      for (int i = tid; i < (VS << VB); i += kAnyThreads) {
-        const __half x = __float2half_rn(any_centroid(vc, vkind, i, vmul));
-        const int c = i / VS, e = i - c * VS;
-        for (int l = 0; l < 64 / VS; ++l) sVcb[c * 64 + l * VS + e] = x;
-      }
-    } else {
-      for (int i = tid; i < (VS << VB); i += kAnyThreads) sVcb[i] = __float2half_rn(any_centroid(vc, vkind, i, vmul));
-    }
+    any_fill_codebook<KS>(sKcb, kc, kkind, KB, kmul, krep, tid);
+    any_fill_codebook<VS>(sVcb, vc, vkind, VB, vmul, vrep, tid);
   }
 
   // ---- queries: raw q and q̃ = (q ⊙ λ)·H per live row ----------------------------------------
