@@ -21,8 +21,8 @@
 //    entries times their scale), so the loop is the same for every format. A codebook of at most
 //    256 entries is held once per lane of a shared-memory wavefront (16 copies of a d4 codebook,
 //    8 of a d8 one, 32 KB either way; AttnParams::plain_cb_rep) with copy l in banks of its own,
-//    so the random centroid gathers of the score and value phases never conflict: run 187's
-//    profile found the kernel bound by shared-memory wavefronts, most of them those conflicts.
+//    so the random centroid gathers of the score and value phases never conflict (run 187's
+//    profile found the kernel bound by shared-memory wavefronts; the copies gained 5-8%, run 188).
 //  * Tiles of 256 tokens, their code rows staged into shared memory by cp.async one tile ahead
 //    (run 185's first version read them through L1, a thread a row, and was latency-bound:
 //    0.55x of the fp16 peer). Scores: a thread a token, each key centroid dotted with every live
