@@ -579,8 +579,8 @@ int main(int argc, char** argv) {
     else if (a == "--no-cluster") no_cluster = true;  // A/B: splits merge through the workspace, never as clusters
     else if (a == "--no-hint") no_hint = true;  // A/B: no host length hint (as a captured decode step)
     else if (a == "--no-rows4") no_rows4 = true;  // A/B: GQA groups of <= 4 on the 8-row kernel
-    else if (a == "--no-wide") no_wide = true;
-    else if (a == "--no-plain-rep") no_plain_rep = true;  // A/B: the plain kernel (head_dim 80/96) on one codebook copy  // A/B: grids of two waves or more on the one-block kernels
+    else if (a == "--no-wide") no_wide = true;  // A/B: grids of two waves or more on the one-block kernels
+    else if (a == "--no-plain-rep") no_plain_rep = true;  // A/B: the plain kernel (head_dim 80/96) on one codebook copy
     else if (a == "--materialize-lanes") {  // A/B: the prefill expansion, D/16 lanes a row (1, the default) or a warp (0)
       const bool arg = i + 1 < argc && (std::string(argv[i + 1]) == "0" || std::string(argv[i + 1]) == "1");
       cuda::set_materialize_lanes(arg ? std::atoi(argv[++i]) : 1);

@@ -31,7 +31,6 @@ void attn_register_wide_rows4_k4b8_v4b8(std::vector<AttnEntry>&);
 void attn_register_variants_k4b8_v4b8(std::vector<AttnVariantEntry>&);
 void attn_register_variants_k4b12_v8b8(std::vector<AttnVariantEntry>&);
 
-
 namespace {
 
 using RegisterFn = void (*)(std::vector<AttnEntry>&);
@@ -313,16 +312,31 @@ bool attn_wide_pays(int64_t blocks, int64_t sms) {
 }
 long long attn_wide_launches() { return g_wide_launches.load(); }
 long long attn_cluster_launches() { return g_cluster_launches.load(); }
-int device_sms(int dev) {
-  static std::atomic<int> cache[64] = {};
+namespace {
+/// A device attribute, asked of the driver once per device and attribute (`cache` is the
+/// attribute's own table).
+int cached_device_attr(std::atomic<int> (&cache)[64], cudaDeviceAttr attr, int dev) {
   if (dev < 0) VQ_CUDA_CHECK(cudaGetDevice(&dev));
   if (dev >= 64) return 0;
   int n = cache[dev].load();
   if (n == 0) {
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, dev));
+    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&n, attr, dev));
     cache[dev].store(n);
   }
   return n;
+}
+}  // namespace
+int device_sms(int dev) {
+  static std::atomic<int> cache[64] = {};
+  return cached_device_attr(cache, cudaDevAttrMultiProcessorCount, dev);
+}
+int device_smem_per_sm(int dev) {
+  static std::atomic<int> cache[64] = {};
+  return cached_device_attr(cache, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev);
+}
+int device_smem_per_block(int dev) {
+  static std::atomic<int> cache[64] = {};
+  return cached_device_attr(cache, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
 }
 
 bool attn_set_step_pdl(bool allowed) { return g_step_pdl.exchange(allowed); }

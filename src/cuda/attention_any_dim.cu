@@ -571,44 +571,28 @@ int any_rows_variant(int rows) {
 std::atomic<bool> g_plain_rep{true};
 std::atomic<long long> g_plain_rep_launches{0};
 
-/// Shared memory a multiprocessor has and a block may opt into, on the current device (cached).
-std::pair<int, int> device_smem() {
-  static std::mutex mu;
-  static std::map<int, std::pair<int, int>> cache;
-  int dev = 0;
-  VQ_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  auto it = cache.find(dev);
-  if (it == cache.end()) {
-    int sm = 0, block = 0;
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, dev));
-    VQ_CUDA_CHECK(cudaDeviceGetAttribute(&block, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-    it = cache.emplace(dev, std::make_pair(sm, block)).first;
-  }
-  return it->second;
-}
-
 /// Blocks of `smem` dynamic bytes a multiprocessor holds (at most the kernel's 2; the driver's
 /// 1 KB a block and the kernel's static bytes counted), 0 where one block does not fit.
-int any_blocks(int smem, std::pair<int, int> dev) {
-  if (smem > dev.second) return 0;
-  return std::min(2, dev.first / (smem + 1024 + 64));
+int any_blocks(int smem, int smem_sm, int smem_block) {
+  if (smem > smem_block) return 0;
+  return std::min(2, smem_sm / (smem + 1024 + 64));
 }
 
 /// The replication (AttnParams::plain_cb_rep) of a launch of `nr` rows on key k: the most
 /// codebooks of at most kAnyRepMaxBits that keep as many blocks a multiprocessor as none would
 /// (keys first: scores gather a centroid a sub-vector, values one a value sub-vector), none
 /// while attn_set_plain_replicated is off.
-int any_rep(const AttnConfigKey& k, int nr, std::pair<int, int> dev) {
+int any_rep(const AttnConfigKey& k, int nr) {
   if (!g_plain_rep.load()) return 0;
   auto bytes = [&](int rep) {
     return any_layout(k.head_dim, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, rep).total;
   };
-  const int base = any_blocks(bytes(0), dev);
+  const int sm = device_smem_per_sm(), block = device_smem_per_block();
+  const int base = any_blocks(bytes(0), sm, block);
   const bool rk = k.key_bits <= kAnyRepMaxBits, rv = k.value_bits <= kAnyRepMaxBits;
   for (int rep : {kAnyRepKeys | kAnyRepValues, kAnyRepKeys, kAnyRepValues}) {
     if (((rep & kAnyRepKeys) && !rk) || ((rep & kAnyRepValues) && !rv)) continue;
-    if (any_blocks(bytes(rep), dev) >= std::max(base, 1)) return rep;
+    if (any_blocks(bytes(rep), sm, block) >= std::max(base, 1)) return rep;
   }
   return 0;
 }
@@ -660,7 +644,7 @@ AnyDimLaunch attn_any_dim_launch(const AttnEntry& e, const AttnParams& p) {
   const AttnConfigKey& k = e.key;
   AnyDimLaunch l;
   l.kernel = any_kernel_for(k.head_dim, k.key_sub_dim, k.value_sub_dim, nr);
-  l.cb_rep = p.win_all ? 0 : any_rep(k, nr, device_smem());
+  l.cb_rep = p.win_all ? 0 : any_rep(k, nr);
   l.smem = any_layout(k.head_dim, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, l.cb_rep).total;
   if (l.cb_rep) g_plain_rep_launches.fetch_add(1);
   return l;

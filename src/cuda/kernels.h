@@ -357,6 +357,10 @@ bool attn_wide_pays(int64_t blocks, int64_t sms);
 /// Multiprocessors of device `dev` (the current device where dev < 0), cached per device: the
 /// launch rules of decode, prefill and encode.
 int device_sms(int dev = -1);
+/// Shared memory of a multiprocessor, and the most a block may opt into, on device `dev` (the
+/// current device where dev < 0), cached per device as device_sms.
+int device_smem_per_sm(int dev = -1);
+int device_smem_per_block(int dev = -1);
 /// Process-wide switch for the window-first order (default on, AttnParams::window_first):
 /// off, every launch attends its exact window rows after the coded tokens (A/B benchmarks,
 /// tests of both orders). Only the kernels with a ring too small to stage the window rows take
