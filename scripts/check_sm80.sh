@@ -4,8 +4,8 @@
 # sm_90-only paths (clusters, bulk L2 prefetch) must stay behind __CUDA_ARCH__ guards. No GPU
 # needed. Default: the d4b8 attention instantiations (every codebook format, head_dim 64/128,
 # one and two row tiles), the attention host code, the encoder, the prefill kernels and the plain
-# kernel of head_dim 80/96. Skips with a message when
-# nvcc is missing. All of src/cuda with every configuration: VQ_SM80_ALL=1 (~5 min on 2 cores).
+# kernel at head_dim 192 (the other head dims' files differ from it in D only). Skips with a
+# message when nvcc is missing. All of src/cuda with every configuration: VQ_SM80_ALL=1 (~5 min on 2 cores).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 nvcc=${NVCC:-nvcc}
@@ -21,7 +21,7 @@ if [ ${#files[@]} -eq 0 ]; then
     files=("$here"/src/cuda/*.cu)
     defs=(-DVQ_CUDA_ALL_CONFIGS=1 -DVQ_CUDA_VARIANTS=1)
   else
-    files=("$here"/src/cuda/attn_k4b8_v4b8.cu "$here"/src/cuda/attention.cu "$here"/src/cuda/encode.cu "$here"/src/cuda/prefill.cu "$here"/src/cuda/attention_any_dim.cu)
+    files=("$here"/src/cuda/attn_k4b8_v4b8.cu "$here"/src/cuda/attention.cu "$here"/src/cuda/encode.cu "$here"/src/cuda/prefill.cu "$here"/src/cuda/attn_any_hd192.cu)
   fi
 fi
 tmp=$(mktemp -d)

@@ -513,7 +513,7 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --prefill           only the prefill table
   --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API)
   --plain-kv N        that table's kv heads (default 8, Llama's GQA; 32 is Phi-3's shape, no GQA)
-  --plain-dim D       that table at head_dim D only (96 or 80; default both)
+  --plain-dim D       that table at head_dim D only (80, 96, 112, 160 or 192; default 96 and 80)
   --plain --prefill   prompts at head_dim 96 and 80 instead (peer: peer_sdpa.py --plain --prefill)
   --skip-encode, --skip-step          leave out the encode and decode-step tables
   --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
@@ -692,9 +692,9 @@ int main(int argc, char** argv) {
   // against a CPU cache of the same configuration fed the same tokens (NMSE, bound 1e-2: the
   // int8 keys' rounding; a wrong token or dimension gives ~1).
   if (plain) {
-    if (plain_kv <= 0 || kH % plain_kv != 0 || (plain_dim != 0 && plain_dim != 96 && plain_dim != 80)) {
-      std::fprintf(stderr, "bench_decode_cuda: --plain-kv takes a divisor of %d (got %d), --plain-dim 96 or 80 (got %d)\n", kH,
-                   plain_kv, plain_dim);
+    if (plain_kv <= 0 || kH % plain_kv != 0 || (plain_dim != 0 && !cuda::attn_any_head_dim(plain_dim))) {
+      std::fprintf(stderr, "bench_decode_cuda: --plain-kv takes a divisor of %d (got %d), --plain-dim one of 80, 96, 112, "
+                   "160, 192 (got %d)\n", kH, plain_kv, plain_dim);
       return 2;
     }
     const int KV = plain_kv;
@@ -776,8 +776,10 @@ int main(int argc, char** argv) {
         quick ? std::vector<std::pair<int, int>>{{1, 131072}}
               : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
     bool plain_ok = true;
-    std::printf("\ndecode attention at head_dim 96 and 80 (plain kernel), %d q / %d kv heads, q_len 1, window %d\n", kH,
-                KV, kR);
+    std::string dim_list;
+    for (int D : dims) dim_list += (dim_list.empty() ? "" : " and ") + std::to_string(D);
+    std::printf("\ndecode attention at head_dim %s (plain kernel), %d q / %d kv heads, q_len 1, window %d\n",
+                dim_list.c_str(), kH, KV, kR);
     std::printf("| head_dim | cache | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
     std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
     for (int D : dims) {

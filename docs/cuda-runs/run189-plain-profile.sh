@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Run 189 — PREPARED, NOT RUN (the nineteenth session's device time ended with run 188): where the
+# Run 189 (ran in the twentieth session as part of run 191, an H100; figures in docs/cuda-notes.md
+# row 189, summaries docs/cuda-runs/run191-189-ncu-nr{1,4}-summary.txt): where the
 # plain kernel of head_dim 80/96 spends its time after run 188 (replicated codebooks: 1.06-1.19x of
 # cuDNN at GQA 4, 1.95-2.01x in Phi-3's shape, on an H100). ncu on one launch of each of two
 # instantiations at 1x131072, d4b8 int8 keys, hd96: NR = 1 (Phi-3's shape, 32 kv heads: the real

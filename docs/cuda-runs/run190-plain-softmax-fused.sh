@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Run 190 — PREPARED, NOT RUN (nineteenth session, 2026-12-07: no device time left after run 188).
-# The change, a patch off main until it has run on a GPU (run190-plain-softmax-fused.patch): the
+# Run 190 (prepared in the nineteenth session; measured in the twentieth as part of run 191, an
+# H100, and landed: figures in docs/cuda-notes.md row 190; the patch file is in git history at
+# 2e63e61, docs/cuda-runs/run190-plain-softmax-fused.patch): the
 # plain kernel of head_dim 80/96 without its softmax pass. Before it, a warp a row made a pass over
 # the tile's scores (max, exp2, sum) between two barriers while the other warps waited: at one live
 # row (Phi-2 and Phi-3 decode: no GQA) seven warps of eight. Now each thread keeps its token's
@@ -11,12 +12,8 @@
 # (tile j reads one and writes the other). ptxas: NR = 1 96 registers (119-121 before), NR = 4 128
 # with no spill, NR = 8 8-100 bytes of spills (8-44 before), NR = 16 up to 1160 (136-492 before; the
 # 16-row chunks serve prompts only where the exact-rows prefill kernel does not).
-# To run (run 189's profile first, on main's tree, is the baseline's own measurement):
-#   git apply docs/cuda-runs/run190-plain-softmax-fused.patch && bash scripts/gpu_bundle.sh
-# then on the GPU, from the repository root with .gpu-bundle carried:
-#   bash docs/cuda-runs/run190-plain-softmax-fused.sh run190        (~6 min on an H100)
-# Land the patch only if every test passes; compare with run 188's table (same command, same kind of
-# card) or rerun run 188's script on main for the baseline in the same session.
+# On main now: `bash docs/cuda-runs/run190-plain-softmax-fused.sh run190` (~6 min on an H100, from the
+# repository root with .gpu-bundle carried) reruns its tests and tables against the landed kernel.
 source scripts/gpu_run_start.sh "$1" --no-peer
 $T --gtest_filter='CudaAttention.PlainKernel*:CudaAttention.ExactRowsPrefillAtHeadDims80And96:CudaFP16Cache.*:*CudaRuntimeDeviceCache*hd*' > $OUT/$1-tests.log 2>&1
 grep -E "^\[  (PASSED|FAILED) |FAILED|\[cuda plain|\[cuda prefill" $OUT/$1-tests.log | head -30

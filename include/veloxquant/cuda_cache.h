@@ -75,11 +75,12 @@ CudaSupport cuda_support(const KVCacheConfig& config);
 /// value spec @ head_dim + codebook format: none fp16, e4m3, i8, i8kv), sorted; empty without
 /// CUDA. The default build holds d4b8/d4b8 and d4b12/d8b8 at head_dim 64 and 128;
 /// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
-/// Not listed: head_dim 80 and 96 (Phi-2, StableLM, Phi-3), where every build runs every
-/// configuration of sub_dim 4 or 8 and 4- to 12-bit codebooks, in every codebook format, on one
-/// plain kernel (src/cuda/attention_any_dim.cu). Their prompts run on the exact-rows prefill
-/// kernel over rows (the fp16 cache's and the standard mode's; a memory-bound cache's tokens
-/// expanded into rows, a Stash cache's held rows), else as the plain kernel's row chunks.
+/// Not listed: head_dim 80, 96, 112, 160 and 192 (Phi-2, StableLM, Phi-3, MPT-30B,
+/// StableLM-2-12B), where every build runs every configuration of sub_dim 4 or 8 and 4- to 12-bit
+/// codebooks, in every codebook format, on one plain kernel (src/cuda/attention_any_dim_kernel.cuh).
+/// Prompts at 80 and 96 run on the exact-rows prefill kernel over rows (the fp16 cache's and the
+/// standard mode's; a memory-bound cache's tokens expanded into rows, a Stash cache's held rows);
+/// elsewhere, and at 112-192, as the plain kernel's row chunks.
 std::vector<std::string> cuda_attention_configs();
 
 /// Prefill over dequantized rows. An eager fused_sdpa of more than 16 queries (a prompt chunk)

@@ -28,6 +28,7 @@
 #include <cfloat>
 #include <climits>
 #include <cstring>
+#include <sstream>
 #include <type_traits>
 
 #include "cuda/cuda_util.cuh"
@@ -1111,22 +1112,22 @@ __global__ void __launch_bounds__(256, kMaterializeBlocks<D, SD>) vq_materialize
 /// ascending order of stages as warp_fwht_row: the same sums). U passes of 32 / LPR rows a warp
 /// with every load issued before any is used, as in vq_materialize_kernel.
 ///
-/// Head dims 80 and 96 (LPR 5 and 6 lanes a row, 6 and 5 rows a warp, its last 2 lanes idle):
-/// the rotation is block-diagonal (hadamard.h: blocks of B = 16 and 32), so a lane's 16 elements
-/// are one block or half of one, and only the stages within a block cross lanes (m < B / 16: a
-/// row's lanes start at a multiple of LPR, itself a multiple of B / 16, so lane ^ m stays in the
-/// row and block).
+/// Head dims that are not powers of two (80, 96, 112, 160, 192: LPR 5, 6, 7, 10, 12 lanes a row,
+/// 6, 5, 4, 3, 2 rows a warp, its last 2, 2, 4, 2, 8 lanes idle): the rotation is block-diagonal
+/// (hadamard.h: blocks of B = 16, 32, 16, 32, 64), so a lane's 16 elements lie in one block, and
+/// only the stages within a block cross lanes (m < B / 16: a row's lanes start at a multiple of
+/// LPR, itself a multiple of B / 16, so lane ^ m stays in the row and block).
 template <int D, int SD>
 __global__ void __launch_bounds__(256, 2) vq_materialize_lanes_kernel(const EncodeParams p, int64_t n) {
   constexpr int EL = 16, LPR = D / EL, RW = 32 / LPR, U = 2, NS = EL / SD, kWarps = 8;
   constexpr int kBL = (D & -D) / EL;  // lanes a Hadamard block spans (LPR for powers of two)
-  static_assert(D % EL == 0 && LPR >= 4 && LPR <= 32 && ((LPR & (LPR - 1)) == 0 || D == 80 || D == 96),
-                "head_dim 64, 128, 256, 512, 80 or 96");
+  static_assert(D % EL == 0 && LPR >= 4 && LPR <= 32 && LPR % kBL == 0,
+                "head_dim a multiple of 16 from 64 to 512 (a row's lanes start at a multiple of a block's)");
   const bool keys = blockIdx.y == 0;
   const Side sd = side_of(p, keys);
   if (sd.sub != SD) return;
   const int lane = threadIdx.x & 31, sub = lane % LPR, rsel = lane / LPR;
-  const bool idle = rsel >= RW;  // (32 % LPR lanes past the warp's last row: 80 and 96 only)
+  const bool idle = rsel >= RW;  // (32 % LPR lanes past the warp's last row: head dims not powers of two)
   const int64_t items = int64_t(p.batch) * p.n_kv_heads * n;
   const uint32_t mask = (1u << sd.bits) - 1u;
   const uint16_t* ring = static_cast<const uint16_t*>(keys ? p.k_ring : p.v_ring);
@@ -1437,7 +1438,7 @@ void encode_sub(const EncodeParams& p, bool decode_mode, cudaStream_t s) {
   // defaults' graph step 69.4 against 62.7 and the eager pair 100.6 against 64.4 (run 103)
   if (decode_mode && (1 << bits) >= 64) return encode_t<D, SD, kSplDec, 8>(p, s);
   if constexpr ((D & (D - 1)) != 0) {
-    // head dims that are not powers of two (80, 96): the first kernel only (the v2 and grid
+    // head dims that are not powers of two (80, 96, 112, 160, 192): the first kernel only (the v2 and grid
     // kernels' in-register transform spans whole power-of-two rows)
     (void)grids;
     encode_t<D, SD, kSplBulk, 1>(p, s);
@@ -1476,8 +1477,11 @@ void dequant_d(const EncodeParams& p, int evict, int64_t t0, int64_t n, int side
 }
 
 void check_encode_geometry(const EncodeParams& p) {
-  VQ_CHECK_T(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || attn_any_head_dim(p.head_dim),
-             UnsupportedError, "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256, 80, 96)");
+  if (!(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || attn_any_head_dim(p.head_dim))) {
+    std::ostringstream dims;
+    for (int d : kAnyHeadDims) dims << ", " << d;
+    VQ_THROW(UnsupportedError, "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256" << dims.str() << ")");
+  }
   VQ_CHECK_T((p.k_sub == 4 || p.k_sub == 8) && (p.v_sub == 4 || p.v_sub == 8), UnsupportedError,
              "CUDA VecInfer: sub_dim must be 4 or 8 (key " << p.k_sub << ", value " << p.v_sub << ")");
   VQ_CHECK_T(p.k_bits >= 4 && p.k_bits <= 16 && p.v_bits >= 4 && p.v_bits <= 16, UnsupportedError,
@@ -1485,11 +1489,12 @@ void check_encode_geometry(const EncodeParams& p) {
 }
 
 /// Calls f(std::integral_constant<int, D>{}) for the call's head_dim D (64, 128, 256, and the
-/// plain attention kernel's 80 and 96), or throws UnsupportedError naming `what` and the
+/// plain attention kernel's kAnyHeadDims), or throws UnsupportedError naming `what` and the
 /// head_dim: the one dispatch of the launches below.
 template <class F>
 void with_head_dim(int head_dim, const char* what, F&& f) {
-  static_assert(sizeof(kAnyHeadDims) / sizeof(int) == 2 && kAnyHeadDims[0] == 80 && kAnyHeadDims[1] == 96,
+  static_assert(sizeof(kAnyHeadDims) / sizeof(int) == 5 && kAnyHeadDims[0] == 80 && kAnyHeadDims[1] == 96 &&
+                    kAnyHeadDims[2] == 112 && kAnyHeadDims[3] == 160 && kAnyHeadDims[4] == 192,
                 "the cases below follow kAnyHeadDims");
   switch (head_dim) {
     case 64: f(std::integral_constant<int, 64>{}); break;
@@ -1497,6 +1502,9 @@ void with_head_dim(int head_dim, const char* what, F&& f) {
     case 256: f(std::integral_constant<int, 256>{}); break;
     case 80: f(std::integral_constant<int, 80>{}); break;
     case 96: f(std::integral_constant<int, 96>{}); break;
+    case 112: f(std::integral_constant<int, 112>{}); break;
+    case 160: f(std::integral_constant<int, 160>{}); break;
+    case 192: f(std::integral_constant<int, 192>{}); break;
     default: VQ_THROW(UnsupportedError, what << ": head_dim " << head_dim);
   }
 }
@@ -1543,7 +1551,7 @@ void materialize_d(const EncodeParams& p, int64_t n, cudaStream_t s) {
     kern<<<lane_grid, 256, 0, s>>>(p, n);
     VQ_CUDA_CHECK(cudaGetLastError());
   };
-  if (materialize_lanes() || (D & (D - 1)) != 0) {  // (80, 96: the lanes form only)
+  if (materialize_lanes() || (D & (D - 1)) != 0) {  // (80 ... 192: the lanes form only)
     if (p.k_sub == 4 || p.v_sub == 4) run_lanes(vq_materialize_lanes_kernel<D, 4>);
     if (p.k_sub == 8 || p.v_sub == 8) run_lanes(vq_materialize_lanes_kernel<D, 8>);
     return;

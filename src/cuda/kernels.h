@@ -159,8 +159,9 @@ struct AttnParams {
   int plain_cb_rep = 0;
 };
 /// Head dims served by the plain attention kernel (src/cuda/attention_any_dim.cu) rather than a
-/// tuned one: every codebook configuration of up to 12 bits and every format, any q_len.
-inline constexpr int kAnyHeadDims[] = {80, 96};
+/// tuned one: every codebook configuration of up to 12 bits and every format, any q_len. 80:
+/// Phi-2, StableLM-3B; 96: Phi-3, GPT-NeoX-20B; 112: MPT-30B; 160: StableLM-2-12B; and 192.
+inline constexpr int kAnyHeadDims[] = {80, 96, 112, 160, 192};
 bool attn_any_head_dim(int head_dim);
 constexpr int kAttnProfSlots = 15;  // 0-7, 10-13 clock64 stamps, 8-9 globaltimer, 14 the SM
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole

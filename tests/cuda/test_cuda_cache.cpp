@@ -98,7 +98,7 @@ TEST(CudaEncode, CodesAndWindowMatchTheCpuCache) {
   SCOPED_TRACE("seed " + std::to_string(seed));
   int total_ties = 0, cases = 0;
   for (const Spec& s : all_specs())
-    for (int D : {64, 128, 256, 80, 96}) {
+    for (int D : {64, 128, 256, 80, 96, 112, 160, 192}) {
       if (!compiled(s, D)) continue;
       for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash}) {
         const int B = 1 + int(rng() % 2), H = 1 + int(rng() % 3), R = int(rng() % 3) * 8;
@@ -365,7 +365,7 @@ int run_format_cases(CodebookFormat fmt, uint64_t seed, double f32_bound) {
   cases.push_back({d4b8, 128, 1, 2, 4, 900, 2, 16, true, 100, DType::F16, CacheMode::MemoryBound, 1});
   cases.push_back({d4b8, 128, 2, 1, 2, 1200, 3, 64, true, 300, DType::BF16, CacheMode::MemoryBound, 1});
   for (const Spec& s : all_specs())
-    for (int D : {64, 128, 256, 80, 96})
+    for (int D : {64, 128, 256, 80, 96, 112, 160, 192})
       for (int r = 0; r < 2; ++r) cases.push_back(random_attn_case(s, D, rng));
   double worst = 0, worst_f32 = 0;
   int run = 0, run_bf16 = 0;
@@ -449,7 +449,7 @@ TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
   cases.push_back({d4b8, 128, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, CacheMode::MemoryBound, 1});
   // random ones over every compiled configuration
   for (const Spec& s : all_specs())
-    for (int D : {64, 128, 256, 80, 96})
+    for (int D : {64, 128, 256, 80, 96, 112, 160, 192})
       for (int r = 0; r < 3; ++r) {
         if (!compiled(s, D)) continue;
         cases.push_back(random_attn_case(s, D, rng));
@@ -1287,14 +1287,15 @@ TEST(CudaDecode, GraphCapturedSplitStepsMatchTheOracle) {
 }
 
 // ------------------------------------------------------------------------------------------
-// Head dims 80 and 96 (Phi-2, StableLM; Phi-3): the plain attention kernel (attention_any_dim.cu)
-// over codes the encoder wrote with the block-diagonal Hadamard rotation (blocks of 16 and 32).
-// Fixed shapes that reach each of its paths (splits merged through the workspace, 16-row chunks,
-// a prompt as row chunks, ring and linear window rows, Standard and Stash, no history, sliding and
-// non-causal masks, GQA 1 to 8, batch 3, 320 segments), in every codebook format, against the
-// oracle on the kernel's operands (kAttnNmse) and loosely against the f32-codebook exact-query
-// oracle; then captured decode steps, one of them split, replayed against the oracle. The random
-// cases of the tests above draw these head dims too.
+// Head dims 80, 96, 112, 160 and 192 (Phi-2, StableLM; Phi-3; MPT-30B; StableLM-2-12B): the plain
+// attention kernel (attention_any_dim_kernel.cuh) over codes the encoder wrote with the
+// block-diagonal Hadamard rotation (blocks of 16, 32, 16, 32 and 64). Fixed shapes that reach each
+// of its paths (splits merged through the workspace, 16-row chunks, a prompt as row chunks, ring
+// and linear window rows, Standard and Stash, no history, sliding and non-causal masks, GQA 1 to
+// 8, batch 3, 320 segments; a subset at 112-192), in every codebook format, against the oracle on
+// the kernel's operands (kAttnNmse) and loosely against the f32-codebook exact-query oracle; then
+// captured decode steps (one at each head dim but 80's, one of them split), replayed against the
+// oracle. The random cases of the tests above draw these head dims too.
 TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
   VQ_SKIP_WITHOUT_GPU();
   const uint64_t seed = 0x9680;
@@ -1303,21 +1304,24 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
   const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8}, d8b12{8, 12, 8, 12}, mixed{4, 10, 8, 12};
   const CacheMode mb = CacheMode::MemoryBound;
   std::vector<AttnCase> cases;
-  for (int D : {80, 96}) {
+  for (int D : {80, 96, 112, 160, 192}) {
+    // 112, 160, 192 (the same kernel, other shapes: value-phase mapping, layout, Hadamard blocks
+    // of 16, 32 and 64, window rows loaded in two halves past 128): the cases marked `all`
+    const bool all = D <= 96;
     cases.push_back({d4b8, D, 1, 8, 4, 6000, 1, 128, true, 0, DType::F16, mb, 1});        // splits
     cases.push_back({dflt, D, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1});       // splits, bf16 rows
     cases.push_back({d4b8, D, 3, 2, 8, 700, 2, 32, true, 0, DType::F32, mb, 1});          // 16 rows, batch 3
     cases.push_back({d8b12, D, 1, 1, 1, 300, 16, 8, true, 0, DType::F16, mb, 1});         // q_len 16, GQA 1
     cases.push_back({mixed, D, 2, 1, 4, 400, 37, 64, true, 0, DType::F16, mb, 1});        // a prompt: row chunks
-    cases.push_back({dflt, D, 1, 3, 2, 1500, 211, 128, true, 150, DType::BF16, mb, 1});   // long chunk, sliding
+    if (all) cases.push_back({dflt, D, 1, 3, 2, 1500, 211, 128, true, 150, DType::BF16, mb, 1});  // long chunk, sliding
     cases.push_back({d4b8, D, 1, 1, 8, 0, 260, 16, true, 0, DType::F32, CacheMode::Stash, 1});  // no history
     cases.push_back({d4b8, D, 1, 2, 4, 900, 3, 16, true, 100, DType::F16, mb, 1});        // sliding window
-    cases.push_back({dflt, D, 1, 2, 2, 200, 4, 16, false, 0, DType::F32, mb, 1});         // non-causal
-    cases.push_back({d4b8, D, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, mb, 3});         // sharp softmax
+    if (all) cases.push_back({dflt, D, 1, 2, 2, 200, 4, 16, false, 0, DType::F32, mb, 1});  // non-causal
+    if (all) cases.push_back({d4b8, D, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, mb, 3});  // sharp softmax
     cases.push_back({dflt, D, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
-    cases.push_back({d4b8, D, 1, 3, 2, 250, 3, 16, true, 0, DType::F16, CacheMode::Standard, 1});
+    if (all) cases.push_back({d4b8, D, 1, 3, 2, 250, 3, 16, true, 0, DType::F16, CacheMode::Standard, 1});
     cases.push_back({d4b8, D, 1, 2, 4, 500, 40, 64, true, 0, DType::BF16, CacheMode::Standard, 1});  // Standard prompt
-    cases.push_back({d4b8, D, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, mb, 1});       // 320 segments
+    if (all) cases.push_back({d4b8, D, 40, 8, 4, 700, 1, 128, true, 0, DType::F16, mb, 1});  // 320 segments
   }
   const std::vector<std::pair<CodebookFormat, double>> fmts = {
       {CodebookFormat::F16, kAttnNmse}, {CodebookFormat::E4M3, 5e-2}, {CodebookFormat::I8, 5e-3}, {CodebookFormat::I8KV, 5e-3}};
@@ -1346,7 +1350,10 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
   };
   const std::vector<GraphCase> graphs = {{dflt, mb, CodebookFormat::I8, 96, 32, 2, 2, 300, 20},
                                          {d4b8, CacheMode::Stash, CodebookFormat::F16, 80, 32, 2, 2, 300, 20},
-                                         {d4b8, mb, CodebookFormat::I8KV, 96, 128, 8, 1, 2600, 12}};
+                                         {d4b8, mb, CodebookFormat::I8KV, 96, 128, 8, 1, 2600, 12},
+                                         {dflt, mb, CodebookFormat::I8, 192, 32, 2, 2, 300, 12},
+                                         {d4b8, CacheMode::Stash, CodebookFormat::F16, 112, 32, 2, 2, 300, 12},
+                                         {d4b8, mb, CodebookFormat::E4M3, 160, 64, 2, 1, 1200, 8}};
   double worst_graph = 0;
   for (const GraphCase& g : graphs) {
     SCOPED_TRACE(g.s.str() + "@" + std::to_string(g.D) + " " + cache_mode_name(g.mode) + " " +
@@ -1362,7 +1369,7 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
     if (HasFatalFailure()) return;
     worst_graph = std::max(worst_graph, w);
   }
-  std::printf("[cuda plain kernel, head_dim 80/96] %d cases, worst NMSE %.3g vs the oracle on the kernel's operands "
+  std::printf("[cuda plain kernel, head_dim 80-192] %d cases, worst NMSE %.3g vs the oracle on the kernel's operands "
               "(bound %.1g), %.3g vs the f32-codebook exact-query oracle; %zu captured step sequences, worst %.3g\n",
               run, worst, kAttnNmse, worst_f32, graphs.size(), worst_graph);
 }
@@ -1784,16 +1791,16 @@ TEST(CudaCache, CreateAndAttentionAgreeWithCudaSupport) {
       }
     }
   };
-  for (int D : {64, 80, 96, 112, 128, 256})
+  for (int D : {64, 80, 96, 112, 128, 160, 192, 256, 48})
     for (const Spec& s : specs)
       for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Standard})
         for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::I8}) {
-          if (D == 112 && s.ks == 4 && s.kb == 12) continue;  // 112 is refused by head_dim alone: one spec suffices
+          if (D == 48 && s.ks == 4 && s.kb == 12) continue;  // 48 is refused by head_dim alone: one spec suffices
           KVCacheConfig c = vq_config(s, mode, D, 16, 2, rng);
           c.attention_codebooks = f;
           exercise(c, s.str() + "@" + std::to_string(D) + " " + cache_mode_name(mode) + " " + codebook_format_name(f));
         }
-  for (int D : {64, 80, 96, 112, 128, 256}) {
+  for (int D : {64, 80, 96, 112, 128, 160, 192, 256, 48}) {
     KVCacheConfig c;
     c.kind = CacheKind::FP16;
     c.head_dim = D;

@@ -24,7 +24,7 @@ TEST(CudaEncode, BulkEncoderMatchesTheCpuEncoderOnHardInputs) {
   for (const uint64_t seed : {uint64_t(0x7C0DE), uint64_t(0x7C0DF)}) {
     SCOPED_TRACE("seed " + std::to_string(seed));
     std::mt19937_64 rng(seed);
-    for (int D : {64, 128, 256, 80, 96})
+    for (int D : {64, 128, 256, 80, 96, 112, 160, 192})
     for (int bits : {8, 12}) {
       SCOPED_TRACE("head_dim " + std::to_string(D) + ", " + std::to_string(bits) + "-bit codes");
       const int H = 2, n = 301;  // 602 token-heads: the last warp job is partial

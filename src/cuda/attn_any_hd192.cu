@@ -1,0 +1,8 @@
+// src/cuda/attn_any_hd192.cu — the plain attention kernel (attention_any_dim_kernel.cuh) at head_dim
+// 192: its 16 instantiations (key and value sub_dim 4 or 8, 1 / 4 / 8 / 16 live rows), a file of
+// their own so the head dims compile in parallel.
+#include "cuda/attention_any_dim_kernel.cuh"
+
+namespace veloxquant::cuda::any_dim {
+template const void* kernel_for<192>(int, int, int);
+}  // namespace veloxquant::cuda::any_dim
