@@ -511,10 +511,11 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --shape BxL         one shape instead of the three (e.g. 1x131072)
   --quick             the batch-1 shape only
   --prefill           only the prefill table
-  --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API)
+  --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API;
+                      --plain-dim for 112, 160 or 192)
   --plain-kv N        that table's kv heads (default 8, Llama's GQA; 32 is Phi-3's shape, no GQA)
   --plain-dim D       that table at head_dim D only (80, 96, 112, 160 or 192; default 96 and 80)
-  --plain --prefill   prompts at head_dim 96 and 80 instead (peer: peer_sdpa.py --plain --prefill)
+  --plain --prefill   prompts at head_dim 96 and 80 (or --plain-dim) instead (peer: peer_sdpa.py --plain --prefill)
   --skip-encode, --skip-step          leave out the encode and decode-step tables
   --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
   --guard-us US       a GPU spin after each flush (diagnosis)
@@ -682,7 +683,7 @@ int main(int argc, char** argv) {
                 warm, cx, cy, dx, dy, flush.name());
   }
 
-  // ---- decode at head_dim 96 and 80 (--plain): the plain kernel, through the cache API ---------
+  // ---- decode at head_dim 96 and 80 or --plain-dim (--plain): the plain kernel, through the cache API
   // A MemoryBound cache (int8 keys, a 128-token window) or the fp16 cache, 32 q / 8 kv heads at
   // head_dim 96 (Phi-3) and 80 (Phi-2), filled by update() with random fp16 K/V, then
   // fused_sdpa_into of one query per sequence (an eager call, as a decode step's attention):
@@ -699,8 +700,10 @@ int main(int argc, char** argv) {
     }
     const int KV = plain_kv;
     const std::vector<int> dims = plain_dim ? std::vector<int>{plain_dim} : std::vector<int>{96, 80};
+    std::string dim_list;  // "96 and 80" (the tables' titles)
+    for (int D : dims) dim_list += (dim_list.empty() ? "" : " and ") + std::to_string(D);
     const std::vector<BenchCache>& cfgs = bench_caches();
-    // ---- --plain --prefill: prompts at head_dim 96 / 80 --------------------------------------
+    // ---- --plain --prefill: prompts at head_dim 96 / 80 (or --plain-dim) ---------------------
     // A cache (batch 1) holding `hist` tokens takes a chunk of q (update), then fused_sdpa_into
     // of the chunk's q queries, causal, by whatever path the cache takes at these head dims (the
     // exact-rows prefill kernel over rows where the grid fills the GPU, else row chunks of the plain
@@ -714,8 +717,8 @@ int main(int argc, char** argv) {
       };
       const std::vector<PCase> pcases = {{0, 4096}, {3072, 1024}, {32768, 512}};  // PLAIN_PREFILL_CASES
       bool ok_all = true;
-      std::printf("\nprefill attention at head_dim 96 and 80 (the cache's default path: the exact-rows prefill kernel over rows where the grid fills the GPU), batch 1, %d q / %d kv heads, "
-                  "window %d, causal\n", kH, KV, kR);
+      std::printf("\nprefill attention at head_dim %s (the cache's default path: the exact-rows prefill kernel over rows where the grid fills the GPU, at 80 and 96), batch 1, %d q / %d kv heads, "
+                  "window %d, causal\n", dim_list.c_str(), kH, KV, kR);
       std::printf("| head_dim | cache | history | chunk | us | TFLOP/s | peer us | peer | speedup | NMSE vs CPU (last 16) |\n");
       std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
       for (int D : dims) {
@@ -768,7 +771,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
           }
       }
-      std::printf("\nhead_dim 96/80 prefill validation: %s\n", ok_all ? "every chunk's last 16 queries within 1e-2 of the CPU cache" : "FAILED");
+      std::printf("\nhead_dim %s prefill validation: %s\n", dim_list.c_str(), ok_all ? "every chunk's last 16 queries within 1e-2 of the CPU cache" : "FAILED");
       cudaFree(flush.buf);
       return ok_all ? 0 : 1;
     }
@@ -776,8 +779,6 @@ int main(int argc, char** argv) {
         quick ? std::vector<std::pair<int, int>>{{1, 131072}}
               : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
     bool plain_ok = true;
-    std::string dim_list;
-    for (int D : dims) dim_list += (dim_list.empty() ? "" : " and ") + std::to_string(D);
     std::printf("\ndecode attention at head_dim %s (plain kernel), %d q / %d kv heads, q_len 1, window %d\n",
                 dim_list.c_str(), kH, KV, kR);
     std::printf("| head_dim | cache | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
@@ -841,7 +842,7 @@ int main(int argc, char** argv) {
           std::fflush(stdout);
         }
     }
-    std::printf("\nhead_dim 96/80 validation: %s\n", plain_ok ? "every row 0 within 1e-2 of the CPU cache" : "FAILED");
+    std::printf("\nhead_dim %s validation: %s\n", dim_list.c_str(), plain_ok ? "every row 0 within 1e-2 of the CPU cache" : "FAILED");
     cudaFree(flush.buf);
     return plain_ok ? 0 : 1;
   }
