@@ -112,9 +112,9 @@ TEST(Cli, InfoReportsWhatRunsOnCuda) {
   } else {
     EXPECT_TRUE(j["cuda"]["attention_configs"].empty());
   }
-  CliRun t = run("info --cache fp16 --head-dim 112");
+  CliRun t = run("info --cache fp16 --head-dim 48");
   EXPECT_EQ(t.status, 0) << t.out;
-  EXPECT_NE(t.out.find(built ? "not supported: CUDA FP16 cache: head_dim 112" : "built without CUDA"), std::string::npos)
+  EXPECT_NE(t.out.find(built ? "not supported: CUDA FP16 cache: head_dim 48" : "built without CUDA"), std::string::npos)
       << t.out;
   CliRun bad = run("info --keys d4x8");
   EXPECT_NE(bad.status, 0);

@@ -62,7 +62,7 @@ TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
       {{4, 8}, {4, 8}},  {{4, 12}, {8, 8}}, {{8, 12}, {8, 12}}, {{4, 10}, {8, 12}},
       {{8, 8}, {8, 8}},  {{2, 8}, {4, 8}},  {{4, 8}, {16, 8}},  {{4, 3}, {4, 8}}};
   int cases = 0, runs = 0, refused = 0, no_attention = 0;
-  for (int D : {64, 80, 96, 112, 128, 256})
+  for (int D : {64, 80, 96, 112, 128, 160, 192, 256, 48})
     for (const auto& [ks, vs] : specs)
       for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash, CacheMode::Standard})
         for (CodebookFormat f : {CodebookFormat::F16, CodebookFormat::E4M3, CodebookFormat::I8, CodebookFormat::I8KV}) {
@@ -72,9 +72,9 @@ TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
           ++cases;
           EXPECT_TRUE(s.built);
           EXPECT_GE(s.devices, 0);
-          // head_dim 80 and 96: the plain kernel, every d4/d8 configuration of 4 to 12 bits in every
-          // format (not listed by cuda_attention_configs); 112 has no kernel
-          const bool plain = D == 80 || D == 96;
+          // head_dim 80, 96, 112, 160 and 192: the plain kernel, every d4/d8 configuration of 4 to
+          // 12 bits in every format (not listed by cuda_attention_configs); 48 has no kernel
+          const bool plain = D == 80 || D == 96 || D == 112 || D == 160 || D == 192;
           const bool dims_ok = D == 64 || D == 128 || D == 256 || plain;
           const bool subs_ok = (ks.sub_dim == 4 || ks.sub_dim == 8) && (vs.sub_dim == 4 || vs.sub_dim == 8);
           const bool bits_ok = ks.codebook_bits >= 4 && vs.codebook_bits >= 4;
@@ -130,9 +130,24 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
     EXPECT_FALSE(sv.prefill_kernel) << D;
     EXPECT_TRUE(sv.prefill_over_rows) << D;
   }
-  const CudaSupport f112 = cuda_support(config(CacheKind::FP16, 112, {}, {}, CacheMode::Standard, CodebookFormat::F16));
-  EXPECT_FALSE(f112.cache);
-  EXPECT_EQ(f112.reason, "CUDA FP16 cache: head_dim 112 is not supported (64, 128, 256, 80, 96)");
+  // head_dim 112, 160 and 192: the plain kernel too; no prefill kernel there (prompts as its row
+  // chunks), neither over a Standard cache's rows nor over a memory-bound cache's expanded tokens
+  for (int D : {112, 160, 192}) {
+    const CudaSupport f = cuda_support(config(CacheKind::FP16, D, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+    EXPECT_TRUE(f.cache && f.attention) << D << ": " << f.reason;
+    EXPECT_EQ(f.kernel, "d4b8/d4b8@" + std::to_string(D));
+    EXPECT_FALSE(f.prefill_kernel) << D;
+    KVCacheConfig v;
+    v.fused_sdpa = v.fused_sdpa_memory_bound = true;
+    v.head_dim = D;
+    const CudaSupport sv = cuda_support(v);
+    EXPECT_TRUE(sv.cache && sv.attention) << D << ": " << sv.reason;
+    EXPECT_FALSE(sv.prefill_kernel) << D;
+    EXPECT_FALSE(sv.prefill_over_rows) << D;
+  }
+  const CudaSupport f48 = cuda_support(config(CacheKind::FP16, 48, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+  EXPECT_FALSE(f48.cache);
+  EXPECT_EQ(f48.reason, "CUDA FP16 cache: head_dim 48 is not supported (64, 128, 256, 80, 96, 112, 160, 192)");
   // head_dim 256: the cache builds; its fused_sdpa needs d4b8/d4b8@256 (VQ_CUDA_ALL_CONFIGS builds)
   const CudaSupport f256 = cuda_support(config(CacheKind::FP16, 256, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   const std::vector<std::string> list = cuda_attention_configs();
