@@ -119,31 +119,25 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
   EXPECT_EQ(f96.kernel, "d4b8/d4b8@96");
   EXPECT_TRUE(f96.prefill_kernel);
   EXPECT_FALSE(f96.prefill_over_rows);
-  // a memory-bound VecInfer cache there: no prefill kernel over its codes, prompts over its
-  // tokens expanded into rows
-  for (int D : {80, 96}) {
+  // the plain kernel's head dims: a memory-bound VecInfer cache has no prefill kernel over its
+  // codes; at 80 and 96 its prompts go over its tokens expanded into rows. 112, 160 and 192 have
+  // no prefill kernel at all (prompts as the plain kernel's row chunks), neither over a Standard
+  // cache's rows nor over a memory-bound cache's expanded tokens
+  for (int D : {80, 96, 112, 160, 192}) {
+    const bool exact_rows = D == 80 || D == 96;
+    if (!exact_rows) {
+      const CudaSupport f = cuda_support(config(CacheKind::FP16, D, {}, {}, CacheMode::Standard, CodebookFormat::F16));
+      EXPECT_TRUE(f.cache && f.attention) << D << ": " << f.reason;
+      EXPECT_EQ(f.kernel, "d4b8/d4b8@" + std::to_string(D));
+      EXPECT_FALSE(f.prefill_kernel) << D;
+    }
     KVCacheConfig v;
     v.fused_sdpa = v.fused_sdpa_memory_bound = true;
     v.head_dim = D;
     const CudaSupport sv = cuda_support(v);
     EXPECT_TRUE(sv.cache && sv.attention) << D << ": " << sv.reason;
     EXPECT_FALSE(sv.prefill_kernel) << D;
-    EXPECT_TRUE(sv.prefill_over_rows) << D;
-  }
-  // head_dim 112, 160 and 192: the plain kernel too; no prefill kernel there (prompts as its row
-  // chunks), neither over a Standard cache's rows nor over a memory-bound cache's expanded tokens
-  for (int D : {112, 160, 192}) {
-    const CudaSupport f = cuda_support(config(CacheKind::FP16, D, {}, {}, CacheMode::Standard, CodebookFormat::F16));
-    EXPECT_TRUE(f.cache && f.attention) << D << ": " << f.reason;
-    EXPECT_EQ(f.kernel, "d4b8/d4b8@" + std::to_string(D));
-    EXPECT_FALSE(f.prefill_kernel) << D;
-    KVCacheConfig v;
-    v.fused_sdpa = v.fused_sdpa_memory_bound = true;
-    v.head_dim = D;
-    const CudaSupport sv = cuda_support(v);
-    EXPECT_TRUE(sv.cache && sv.attention) << D << ": " << sv.reason;
-    EXPECT_FALSE(sv.prefill_kernel) << D;
-    EXPECT_FALSE(sv.prefill_over_rows) << D;
+    EXPECT_EQ(sv.prefill_over_rows, exact_rows) << D;
   }
   const CudaSupport f48 = cuda_support(config(CacheKind::FP16, 48, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   EXPECT_FALSE(f48.cache);
