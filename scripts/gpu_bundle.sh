@@ -4,7 +4,7 @@
 # .gpu-bundle/ (about 32 MB; carry it with the working tree):
 #   deps.tar.xz  googletest's sources, the CLI11 / nlohmann-json / dlpack headers and ICU (headers
 #                and libraries), from this machine's Debian packages, for a build there;
-#   bins.tar.xz  vq_test_cuda and bench_decode_cuda built here in build-gpu (sm_90, -march=x86-64-v3,
+#   bins.tar.xz  vq_test_cuda, bench_decode_cuda and bench_runtime_decode built here in build-gpu (sm_90, -march=x86-64-v3,
 #                glibc >= 2.34), with the command line and its tests (veloxquant, vq_test_e2e: they
 #                need the bundled ICU), and bins.stamp, a hash of the sources they were built from.
 # There: `source scripts/gpu_prepare.sh` (sets T and B to the two programs, E to the CLI's tests).
@@ -28,10 +28,12 @@ if [[ $bins == 1 ]]; then
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVQ_CUDA=ON -DVQ_NATIVE=OFF \
       -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "$@" > /dev/null
   fi
-  cmake --build build-gpu -j "$(nproc)" --target vq_test_cuda bench_decode_cuda veloxquant_cli vq_test_e2e
+  cmake --build build-gpu -j "$(nproc)" --target vq_test_cuda bench_decode_cuda veloxquant_cli vq_test_e2e \
+    bench_runtime_decode
   # one stream with a dictionary larger than a program: the four share the same device code,
   # which xz then stores once (14 MB instead of 47)
-  tar cf - -C build-gpu tests/vq_test_cuda bench/bench_decode_cuda veloxquant tests/vq_test_e2e |
+  tar cf - -C build-gpu tests/vq_test_cuda bench/bench_decode_cuda veloxquant tests/vq_test_e2e \
+    bench/bench_runtime_decode |
     xz -T1 --lzma2=preset=6,dict=192MiB > "$out/bins.tar.xz"
   bash scripts/gpu_prepare.sh --stamp > "$out/bins.stamp"
 fi

@@ -1,6 +1,7 @@
 # scripts/gpu_prepare.sh — on a GPU machine without network, in the repository root, with the
 # .gpu-bundle/ that scripts/gpu_bundle.sh made: `source scripts/gpu_prepare.sh` sets T (the CUDA
-# test program), B (bench_decode_cuda) and E (the command line's tests, vq_test_e2e). It takes
+# test program), B (bench_decode_cuda), E (the command line's tests, vq_test_e2e) and RD
+# (bench_runtime_decode: the runtime's decode calls, eager against CUDA graphs). It takes
 # the bundled programs when they were built from these sources and start here; otherwise it
 # builds them in build-gpu with the bundled dependencies (nvcc from /usr/local/cuda).
 # `bash scripts/gpu_prepare.sh --stamp` prints the hash of the sources (what bins.stamp holds).
@@ -22,7 +23,7 @@ bundle=.gpu-bundle
 export VQ_TEST_DATA_DIR=$PWD/tests/data PATH=/usr/local/cuda/bin:$PATH
 # the bundled programs need cuBLAS: the toolkit's, wherever this machine keeps it
 export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-T= B= E=
+T= B= E= RD=
 if [[ -f $bundle/bins.tar.xz && "$(vq_src_hash)" == "$(cat $bundle/bins.stamp)" ]]; then
   vq_unpack $bundle/bins.tar.xz $bundle/prebuilt
   if $bundle/prebuilt/tests/vq_test_cuda --gtest_list_tests > /dev/null 2> $bundle/prebuilt.err; then
@@ -33,6 +34,7 @@ if [[ -f $bundle/bins.tar.xz && "$(vq_src_hash)" == "$(cat $bundle/bins.stamp)" 
       export LD_LIBRARY_PATH=$PWD/$bundle/deps/icu/lib:$LD_LIBRARY_PATH
       E=$bundle/prebuilt/tests/vq_test_e2e
     fi
+    [[ -x $bundle/prebuilt/bench/bench_runtime_decode ]] && RD=$bundle/prebuilt/bench/bench_runtime_decode
     echo "gpu_prepare: the bundled programs"
   else
     echo "gpu_prepare: the bundled programs do not start here:"; head -3 $bundle/prebuilt.err
@@ -52,6 +54,8 @@ if [[ -z $T ]]; then
     T=build-gpu/tests/vq_test_cuda B=build-gpu/bench/bench_decode_cuda
     cmake --build build-gpu -j "$(nproc)" --target veloxquant_cli vq_test_e2e >> $bundle/build.log 2>&1 &&
       E=build-gpu/tests/vq_test_e2e
+    cmake --build build-gpu -j "$(nproc)" --target bench_runtime_decode >> $bundle/build.log 2>&1 &&
+      RD=build-gpu/bench/bench_runtime_decode
     echo "gpu_prepare: built here in $(( $(date +%s) - vq_t0 )) s"
   else
     echo "gpu_prepare: the build failed ($bundle/build.log):"; grep -m3 -A8 error $bundle/build.log | head -30

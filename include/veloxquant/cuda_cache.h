@@ -20,7 +20,9 @@
 // Graph capture. decode_step() appends one step's tokens and attends, launching only kernels
 // (no allocation, no host synchronisation, lengths read and advanced on the device), so it can
 // be captured in a CUDA graph and replayed: call reserve() and plan_decode() first (they
-// allocate), then capture. After replays, sync_seq_lens() refreshes the host mirror.
+// allocate), then capture. After replays, sync_seq_lens() refreshes the host mirror (or
+// advance_seq_lens(n), for a caller that counts its n replays: no copy back); capture_key()
+// changes when the captured step would no longer replay (runtime::CudaModel's decode graphs).
 //
 // Overlapped steps. In MemoryBound mode with residual_length >= q_len (the step's tokens land in
 // the exact window, so this step's attention reads none of their codes), decode_step writes the
@@ -138,6 +140,20 @@ class CudaKVCache : public KVCache {
   virtual void sync_seq_lens() = 0;
   /// The device array of lengths, I32 [batch] (decode steps read and advance it).
   virtual int32_t* device_seq_lens() const = 0;
+  /// After `steps` replays of a captured decode_step (q_len tokens each, as planned), advances
+  /// the host mirror of the lengths (and of the window counts) as those steps did on the
+  /// device, without copying them back: the cheap form of sync_seq_lens() for a caller that
+  /// counts its own replays. It reads the steps' input-check verdict first (check_inputs: one
+  /// stream synchronisation; no copy where mapped host memory is available): a failed step
+  /// raises as sync_seq_lens() does, with the mirror reset to the device's lengths. The caller
+  /// answers for the count: a wrong one leaves a wrong mirror (sync_seq_lens() repairs it).
+  virtual void advance_seq_lens(int64_t steps) = 0;
+  /// A value that changes whenever a decode step captured earlier would no longer replay on
+  /// this cache as it is now: a device buffer the step reads or writes was reallocated (reserve,
+  /// growth, a larger attention workspace, restore), the plan (plan_decode) or the capacity
+  /// changed, the step's launch settings changed, or this is another cache object (each has a
+  /// serial of its own). Read it right after capturing; capture again when it differs.
+  virtual uint64_t capture_key() const = 0;
 
   /// Deferred input checks (off by default). update() with device inputs must throw before it
   /// changes the cache when keys or values hold a non-finite value (or one beyond the storage

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "veloxquant/attention.h"
@@ -85,6 +86,35 @@ class CudaDecoder {
                                      const LayerObserver& observer) = 0;
   /// Bytes of device memory the weights take.
   virtual int64_t weight_bytes() const = 0;
+
+  /// The stream everything is queued on (a cudaStream_t): one per device for the process,
+  /// created at the first decoder and never destroyed, so caches made on it (CudaModel::
+  /// make_caches) outlive any decoder. It is a blocking stream: work on the legacy default
+  /// stream (caches made elsewhere) stays ordered with it.
+  virtual void* stream() const = 0;
+
+  /// Decode steps through CUDA graphs (on by default). A forward call of one token whose caches
+  /// are all device caches on stream(), with one sequence each and no observer, runs as one
+  /// graph replay: the step (embedding, every layer's products and small ops, each cache's
+  /// CudaKVCache::decode_step, the final norm, lm_head and the logits' copy) is captured once
+  /// and replayed while every cache's capture_key(), the attention parameters, the RoPE table
+  /// and the activation buffers stay as captured; otherwise it is captured again (the caches'
+  /// capacity is grown ahead in steps of max(step, capacity/8) tokens, and plan_decode follows
+  /// the length, so that happens a few dozen times over a long generation). The token and its
+  /// position go in by one copy before the replay; each cache's host lengths advance through
+  /// advance_seq_lens, which reads the step's input-check verdict. Any other call, and a step
+  /// whose capture fails (graphs then stay off for this decoder: graph_stats().off_reason),
+  /// runs eagerly as before.
+  virtual void set_graphs(bool on) = 0;
+  struct GraphStats {
+    int64_t captures = 0;        ///< steps captured
+    int64_t instantiations = 0;  ///< of those, the ones instantiated anew (else updated in place)
+    int64_t replays = 0;         ///< decode calls served by a replay
+    int64_t eager_steps = 0;     ///< one-token calls with caches that ran eagerly
+    std::string off_reason;      ///< why graphs are off ("" while on)
+    std::string last_eager_reason;  ///< why the last eager one-token call was not replayed
+  };
+  virtual GraphStats graph_stats() const = 0;
 };
 
 std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc);

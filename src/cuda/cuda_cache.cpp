@@ -79,6 +79,12 @@ namespace {
 using cuda::DevTensor4;
 using detail::round_up;
 
+/// A new serial for a device cache object (CudaKVCache::capture_key), never 0.
+uint64_t next_cache_serial() {
+  static std::atomic<uint64_t> serial{0};
+  return serial.fetch_add(1) + 1;
+}
+
 class DeviceGuard {
  public:
   explicit DeviceGuard(int dev) {
@@ -205,6 +211,7 @@ class CudaCacheBase : public CudaKVCache {
     err_ = Tensor::zeros({1}, DType::I32, device_);
     chk_ = Tensor::zeros({2}, DType::I32, device_);  // [keys, values] range flags
     done_ = Tensor::zeros({1}, DType::I32, device_);
+    serial_ = next_cache_serial();
   }
 
   const KVCacheConfig& config() const override { return config_; }
@@ -279,6 +286,40 @@ class CudaCacheBase : public CudaKVCache {
       lens_[size_t(b)] = l[size_t(b)];
       if (rc_.defined()) rch_[size_t(b)] = r[size_t(b)];
     }
+  }
+
+  void advance_seq_lens(int64_t steps) override {
+    VQ_CHECK_VALUE(steps >= 0, "advance_seq_lens: steps must be >= 0, got " << steps);
+    VQ_CHECK_VALUE(steps == 0 || plan_.valid, "advance_seq_lens: no decode step is planned (plan_decode)");
+    // the verdict first: a failed step resets the mirror to the device's lengths and raises
+    collect_deferred("KVCache::advance_seq_lens (cuda)");
+    advance_host_lengths(steps * plan_.q_len);
+  }
+
+  uint64_t capture_key() const override {
+    uint64_t h = 0x9e3779b97f4a7c15ull;
+    auto mix = [&h](uint64_t v) {
+      h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+      h *= 0xff51afd7ed558ccdull;
+      h ^= h >> 33;
+    };
+    mix(serial_);
+    mix(generation_);
+    mix(uint64_t(capacity_));
+    mix(uint64_t(batch_));
+    mix(uint64_t(n_kv_heads_));
+    mix(plan_.valid ? 1 : 0);
+    for (int v : {plan_.n_heads, plan_.q_len, plan_.nt, plan_.row_chunks, plan_.splits}) mix(uint64_t(uint32_t(v)));
+    mix(uint64_t(reinterpret_cast<uintptr_t>(host_chk_dev_)));
+    mix((cuda::overlapped_step_allowed() ? 1u : 0u) | (cuda::overlap_two_launches() ? 2u : 0u) |
+        (cuda::step_input_checks() ? 4u : 0u));
+    std::vector<const Tensor*> bufs{&len_, &rc_, &err_, &chk_, &done_, &counters_, &ws_o_, &ws_ml_};
+    step_buffers(bufs);
+    for (const Tensor* t : bufs) {
+      mix(t->defined() ? uint64_t(reinterpret_cast<uintptr_t>(t->data())) : 0);
+      mix(t->defined() ? uint64_t(t->nbytes()) : 0);
+    }
+    return h;
   }
 
   void plan_decode(int n_heads, int q_len, int64_t typical_len) override {
@@ -795,8 +836,16 @@ class CudaCacheBase : public CudaKVCache {
     return n;
   }
 
+  /// The device buffers of this kind of cache that a captured decode step may use, beyond the
+  /// base's (capture_key hashes their addresses and sizes).
+  virtual void step_buffers(std::vector<const Tensor*>& out) const = 0;
+  /// The host mirror moved as decode steps of n tokens in all move it on the device.
+  virtual void advance_host_lengths(int64_t n) = 0;
+
   KVCacheConfig config_;
   Plan plan_;
+  uint64_t serial_ = 0;      ///< this object's (capture_key)
+  uint64_t generation_ = 0;  ///< restores (capture_key: the state, config included, replaced)
   int n_sms_ = 1;
   std::string no_attention_;  // why this cache has no attention kernel (cuda::cache_attention_missing), else empty
   std::vector<int64_t> rch_;  // host mirror of res_count
@@ -897,7 +946,10 @@ class CudaFP16Cache final : public CudaCacheBase {
     cuda::append_rows_launch(dev4(v), int(batch_), n_kv_heads_, n, config_.head_dim, held_v_.data(), bf, capacity_,
                              len_.ptr<int32_t>(), err_.ptr<int>(), stream_, step_gate());
     run_attention(q, out, params, n, true, true, 0, true);  // starts while the rows' append ends
-    if (!capturing()) for (auto& l : lens_) l += n;
+    if (!capturing()) advance_host_lengths(n);
+  }
+  void advance_host_lengths(int64_t n) override {
+    for (auto& l : lens_) l += n;
   }
 
   void reserve(int64_t max_tokens, int64_t batch) override {
@@ -1001,6 +1053,7 @@ class CudaFP16Cache final : public CudaCacheBase {
     lens_.assign(size_t(B), off);
     rch_.assign(size_t(B), 0);
     plan_ = Plan{};
+    ++generation_;
     discard_deferred();
   }
 
@@ -1065,6 +1118,10 @@ class CudaFP16Cache final : public CudaCacheBase {
     held_k_ = nk;
     held_v_ = nv;
     capacity_ = cap;
+  }
+
+  void step_buffers(std::vector<const Tensor*>& out) const override {
+    out.insert(out.end(), {&held_k_, &held_v_});
   }
 
   Tensor held_k_, held_v_;
@@ -1187,6 +1244,9 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
       run_attention(q, out, params, n, true, true, 0, !joined);
     }
     if (capturing()) return;  // replays advance the device lengths; sync_seq_lens() reads them
+    advance_host_lengths(n);
+  }
+  void advance_host_lengths(int64_t n) override {
     for (size_t b = 0; b < lens_.size(); ++b) {
       lens_[b] += n;
       rch_[b] = std::min<int64_t>(config_.residual_length, rch_[b] + n);
@@ -1362,6 +1422,7 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     VQ_CU(cudaStreamSynchronize(cs(fresh.stream_)));
     // commit (no throws below)
     swap_state(fresh);
+    ++generation_;
     staged_.reset();
     discard_deferred();
   }
@@ -1927,6 +1988,14 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
                         &o.held_k_,     &o.held_v_, &o.codes_k_, &o.codes_v_, &o.pend_k_, &o.pend_v_,
                         &o.ring_k_,     &o.ring_v_};
     for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); ++i) std::swap(*mine[i], *theirs[i]);
+  }
+
+  void step_buffers(std::vector<const Tensor*>& out) const override {
+    out.insert(out.end(), {&k_cb_,    &v_cb_,     &k_nrm_,     &v_nrm_,     &k_cb16_,    &v_cb16_,   &k_cb8_,
+                           &v_cb8_,   &k_cb_op_,  &v_cb_op_,   &lambda_,    &inv_lambda_, &held_k_,  &held_v_,
+                           &codes_k_, &codes_v_,  &pend_k_,    &pend_v_,    &ring_k_,    &ring_v_,   &dec_best_,
+                           &dec_code_, &dec_count_, &snap_,    &k_grid_.cells, &k_grid_.lists, &v_grid_.cells,
+                           &v_grid_.lists});
   }
 
   CacheMode mode_ = CacheMode::Standard;

@@ -16,14 +16,23 @@
 // decode time they move a few KB and the products (weight streaming) dominate; fusing them is a
 // later optimisation. Attention goes through the caches' own device path (update, then
 // fused_sdpa on device tensors); CPU caches are also accepted (q/k/v copied over and back), so
-// head sizes the device caches do not compile still run. Everything is queued on the legacy
-// default stream, which the caches created by the runtime use too.
+// head sizes the device caches do not compile still run. Everything is queued on the runtime's
+// stream of the device (runtime_stream: blocking, so caches on the legacy default stream stay
+// ordered with it), which the caches created by the runtime use too.
+//
+// Decode steps (one token, device caches on that stream) replay a CUDA graph of the whole step
+// (CudaDecoder::set_graphs): the same kernels and products as the eager call, the RoPE position
+// and the token read from a device word the host fills before each replay, and each cache's
+// decode_step in place of update + fused_sdpa (its plan follows the length as the eager call's
+// does).
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <string>
 
 #include "core/cuda_decoder.h"
@@ -131,7 +140,8 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim
 // Rotary embedding in place ("rotate half"), x [n_tokens, heads, head_dim], token t at
 // position start + t; one thread per (t, head, i < half).
 __global__ void rope_kernel(float* x, int64_t n_tokens, int heads, int head_dim, const float* cos_t,
-                            const float* sin_t, int64_t start) {
+                            const float* sin_t, int64_t start, const int32_t* start_dev) {
+  if (start_dev) start = *start_dev;  // a captured decode step: the position the host wrote
   const int half = head_dim / 2;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= n_tokens * heads * half) return;
@@ -237,11 +247,11 @@ constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
 
 void window_attention(const float* q, const float* k, const float* v, float* out, int T, int nh, int nkv, int hd,
-                      const SdpaParams& sp) {
+                      const SdpaParams& sp, cudaStream_t stream) {
   const float scale = sp.scale > 0.0f ? sp.scale : 1.0f / std::sqrt(float(hd));
   const unsigned blocks = blocks_for(int64_t(T) * nh * 32);
   auto launch = [&](auto kernel) {
-    kernel<<<blocks, kThreads>>>(q, k, v, out, T, nh, nkv, hd, scale, sp.causal, sp.sliding_window);
+    kernel<<<blocks, kThreads, 0, stream>>>(q, k, v, out, T, nh, nkv, hd, scale, sp.causal, sp.sliding_window);
   };
   if (hd <= 32) launch(window_attention_kernel<1>);
   else if (hd <= 64) launch(window_attention_kernel<2>);
@@ -264,6 +274,21 @@ cudaDataType_t cuda_type(DType t) {
     case DType::BF16: return CUDA_R_16BF;
     default: VQ_THROW(ValueError, "runtime forward: weights must be f32, f16 or bf16, got " << dtype_name(t));
   }
+}
+
+/// The runtime's stream on `device` (the current device): created once per process and never
+/// destroyed, since the caches CudaModel::make_caches builds keep it (CudaDecoder::stream).
+/// Blocking: the legacy default stream waits for it and it for that stream.
+cudaStream_t runtime_stream(int device) {
+  static std::mutex mu;
+  static std::map<int, cudaStream_t> streams;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = streams.find(device);
+  if (it != streams.end()) return it->second;
+  cudaStream_t s = nullptr;
+  VQ_CUDA_CHECK(cudaStreamCreate(&s));
+  streams[device] = s;
+  return s;
 }
 
 /// Device memory freed on destruction.
@@ -316,9 +341,15 @@ class CudaDecoderImpl final : public CudaDecoder {
     VQ_CHECK_VALUE(d.device.index < n_dev,
                    "CUDA forward: device cuda:" << d.device.index << " requested, " << n_dev << " visible");
     VQ_CUDA_CHECK(cudaSetDevice(d.device.index));
+    s_ = runtime_stream(d.device.index);
     VQ_CUBLAS(cublasCreate(&blas_));
     VQ_CUBLAS(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));  // no TF32 with CUBLAS_COMPUTE_32F
-    VQ_CUBLAS(cublasSetStream(blas_, nullptr));
+    VQ_CUBLAS(cublasSetStream(blas_, s_));
+    // One workspace of our own for eager and captured products alike (the same algorithms in
+    // both; a capture allocates nothing)
+    blas_ws_.alloc(size_t(32) << 20);
+    VQ_CUBLAS(cublasSetWorkspace(blas_, blas_ws_.p, blas_ws_.bytes));
+    VQ_CUDA_CHECK(cudaMallocHost(&host_in_, 2 * sizeof(int32_t)));
     embed_ = upload_matrix(d.embed);
     lm_head_ = upload_matrix(d.lm_head);
     final_norm_ = upload_vec(d.final_norm);
@@ -348,11 +379,17 @@ class CudaDecoderImpl final : public CudaDecoder {
   }
 
   ~CudaDecoderImpl() override {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (host_logits_) cudaFreeHost(host_logits_);
+    if (host_in_) cudaFreeHost(host_in_);
     if (blas_) cublasDestroy(blas_);
   }
 
   int64_t weight_bytes() const override { return weight_bytes_; }
   int64_t rope_positions() const override { return rope_n_; }
+  void* stream() const override { return s_; }
+  void set_graphs(bool on) override { graphs_ = on; }
+  GraphStats graph_stats() const override { return stats_; }
 
   void set_rope_table(const std::vector<float>& cos, const std::vector<float>& sin, int64_t n) override {
     const int64_t half = d_.head_dim / 2;
@@ -363,15 +400,16 @@ class CudaDecoderImpl final : public CudaDecoder {
     VQ_CUDA_CHECK(cudaSetDevice(d_.device.index));
     rope_cos_.alloc(cos.size() * 4);
     rope_sin_.alloc(sin.size() * 4);
-    VQ_CUDA_CHECK(cudaMemcpy(rope_cos_.p, cos.data(), cos.size() * 4, cudaMemcpyHostToDevice));
-    VQ_CUDA_CHECK(cudaMemcpy(rope_sin_.p, sin.data(), sin.size() * 4, cudaMemcpyHostToDevice));
+    upload(rope_cos_.p, cos.data(), cos.size() * 4);
+    upload(rope_sin_.p, sin.data(), sin.size() * 4);
     rope_n_ = n;
+    ++rope_gen_;  // (a captured step reads the old table's address)
   }
 
   std::vector<float> forward(const int32_t* tokens, int64_t T, int64_t start, const std::vector<KVCache*>& caches,
                              const std::vector<bool>& fetch_path, const SdpaParams& sp, bool all_logits,
                              DType nocache_kv_dtype, const LayerObserver& observer) override {
-    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim, I = d_.intermediate;
+    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim;
     const int n_layers = int(layers_.size());
     const bool nocache = caches.empty();
     VQ_CHECK_VALUE(T > 0, "CUDA forward: no tokens");
@@ -388,10 +426,14 @@ class CudaDecoderImpl final : public CudaDecoder {
     }
     VQ_CUDA_CHECK(cudaSetDevice(d_.device.index));
     ensure_buffers(T);
+    if (T == 1 && !nocache) {
+      if (std::optional<std::vector<float>> r = graph_step(tokens[0], start, caches, sp, observer)) return *r;
+      ++stats_.eager_steps;
+    }
     float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
-    float *att = att_.as<float>(), *g = g_.as<float>(), *u = u_.as<float>();
-    VQ_CUDA_CHECK(cudaMemcpy(tok_.p, tokens, size_t(T) * 4, cudaMemcpyHostToDevice));
-    embed_kernel<<<unsigned(T), kThreads>>>(embed_.data, embed_.dtype, tok_.as<int32_t>(), H, x);
+    float *att = att_.as<float>();
+    upload(tok_.p, tokens, size_t(T) * 4);
+    embed_kernel<<<unsigned(T), kThreads, 0, s_>>>(embed_.data, embed_.dtype, tok_.as<int32_t>(), H, x);
     check_launch("embed");
 
     // The device caches' update() queues its input range check instead of waiting for it (one
@@ -401,27 +443,14 @@ class CudaDecoderImpl final : public CudaDecoder {
     auto heads_view = [&](float* p, int64_t heads, Device where) {
       return TensorView(p, DType::F32, {1, heads, T, hd}, {T * heads * hd, hd, heads * hd, 1}, where);
     };
-    const float eps = d_.rms_eps;
     int layers_updated = 0;
     try {
       for (int l = 0; l < n_layers; ++l) {
-        const DevLayer& L = layers_[size_t(l)];
-        rmsnorm(x, T, H, L.input_norm, h);
-        gemm(h, T, L.wq, L.bq, q);
-        gemm(h, T, L.wk, L.bk, k);
-        gemm(h, T, L.wv, L.bv, v);
-        if (d_.qk_norm) {
-          rmsnorm(q, T * nh, hd, L.q_norm, q);
-          rmsnorm(k, T * nkv, hd, L.k_norm, k);
-        }
-        rope(q, T, int(nh), start);
-        rope(k, T, int(nkv), start);
-        (void)eps;
-
+        before_attention(l, T, start, nullptr);
         const Device cpu = Device::cpu();
         auto to_host = [&](std::vector<float>& dst, const float* src, int64_t heads) {
           dst.resize(size_t(T * heads * hd));
-          VQ_CUDA_CHECK(cudaMemcpy(dst.data(), src, dst.size() * 4, cudaMemcpyDeviceToHost));
+          download(dst.data(), src, dst.size() * 4);
         };
         if (observer) {  // before the K/V are stored or rounded, as the CPU pass calls it
           to_host(hk_, k, nkv);
@@ -431,11 +460,11 @@ class CudaDecoderImpl final : public CudaDecoder {
         if (nocache) {
           // Model::forward_nocache: this window's own K/V, rounded as asked, attended in f32.
           if (nocache_kv_dtype != DType::F32) {
-            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads>>>(k, nocache_kv_dtype, T * nkv * hd);
-            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads>>>(v, nocache_kv_dtype, T * nkv * hd);
+            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads, 0, s_>>>(k, nocache_kv_dtype, T * nkv * hd);
+            round_through_kernel<<<blocks_for(T * nkv * hd), kThreads, 0, s_>>>(v, nocache_kv_dtype, T * nkv * hd);
             check_launch("round_through");
           }
-          window_attention(q, k, v, att, int(T), int(nh), int(nkv), int(hd), sp);
+          window_attention(q, k, v, att, int(T), int(nh), int(nkv), int(hd), sp, s_);
           check_launch("window_attention");
         } else if (KVCache& cache = *caches[size_t(l)]; cache.config().device.is_cuda()) {
           cache.update(heads_view(k, nkv, dev), heads_view(v, nkv, dev));
@@ -460,17 +489,9 @@ class CudaDecoderImpl final : public CudaDecoder {
             ++layers_updated;
             attention_cpu(qv, K.view(), V.view(), ov, sp);
           }
-          VQ_CUDA_CHECK(cudaMemcpy(att, ho_.data(), ho_.size() * 4, cudaMemcpyHostToDevice));
+          upload(att, ho_.data(), ho_.size() * 4);
         }
-        gemm(att, T, L.wo, L.bo, h);
-        add(x, h, T * H);
-        rmsnorm(x, T, H, L.post_norm, h);
-        gemm(h, T, L.w_gate, L.b_gate, g);
-        gemm(h, T, L.w_up, L.b_up, u);
-        silu_mul_kernel<<<blocks_for(T * I), kThreads>>>(g, u, g, T * I);
-        check_launch("silu_mul");
-        gemm(g, T, L.w_down, L.b_down, h);
-        add(x, h, T * H);
+        after_attention(l, T);
       }
     } catch (...) {
       for (int l = 0; l < layers_updated; ++l) {
@@ -485,17 +506,208 @@ class CudaDecoderImpl final : public CudaDecoder {
     rmsnorm(x + (T - rows) * H, rows, H, final_norm_, h);
     gemm(h, rows, lm_head_, nullptr, logits_.as<float>());
     std::vector<float> out(size_t(rows * d_.vocab));
-    VQ_CUDA_CHECK(cudaMemcpy(out.data(), logits_.p, out.size() * 4, cudaMemcpyDeviceToHost));
+    download(out.data(), logits_.p, out.size() * 4);
     deferred.collect(T);
     return out;
   }
 
  private:
+  // ---- decode steps through a CUDA graph (set_graphs) ------------------------------------------
+
+  /// One token at `start` as a graph replay, capturing the step first where the graph is
+  /// missing or stale; nullopt (nothing done, nothing changed) where this call must run eagerly.
+  std::optional<std::vector<float>> graph_step(int32_t token, int64_t start, const std::vector<KVCache*>& caches,
+                                               const SdpaParams& sp, const LayerObserver& observer) {
+    auto eager = [&](std::string why) -> std::optional<std::vector<float>> {
+      stats_.last_eager_reason = std::move(why);
+      return std::nullopt;
+    };
+    if (!graphs_) return eager("CUDA graphs are off");
+    if (!stats_.off_reason.empty()) return eager(stats_.off_reason);
+    if (observer) return eager("a KV observer is set");
+    const int nh = d_.n_heads;
+    std::vector<CudaKVCache*> cc(caches.size());
+    for (size_t l = 0; l < caches.size(); ++l) {
+      auto* c = dynamic_cast<CudaKVCache*>(caches[l]);
+      if (!c) return eager("the cache of layer " + std::to_string(l) + " is on the CPU");
+      if (c->stream() != static_cast<void*>(s_))
+        return eager("the cache of layer " + std::to_string(l) + " is on another stream than the model's");
+      if (c->seq_lens().size() != 1 || c->offset() != start)
+        return eager("the cache of layer " + std::to_string(l) + " does not hold one sequence of " +
+                     std::to_string(start) + " tokens");
+      cc[l] = c;
+    }
+    // Room for the token (ahead, so the graph outlives several growths' worth of steps), the
+    // plan of a step at this length (as the eager call plans it), mapped verdict words (the
+    // first set_deferred_checks(true) allocates them) and no unverified update before capturing.
+    for (CudaKVCache* c : cc) {
+      if (c->capacity() < start + 1) {
+        const int64_t step = std::max<int64_t>(c->config().step, 1);
+        const int64_t want = start + 1 + std::max<int64_t>(step, c->capacity() / 8);
+        c->reserve((want + step - 1) / step * step);
+      }
+      c->plan_decode(nh, 1, start + 1);
+    }
+    std::vector<uint64_t> keys(cc.size());
+    for (size_t l = 0; l < cc.size(); ++l) keys[l] = cc[l]->capture_key();
+    const bool stale = !exec_ || caches != g_caches_ || keys != g_keys_ || sp.scale != g_sp_.scale ||
+                       sp.causal != g_sp_.causal || sp.sliding_window != g_sp_.sliding_window ||
+                       bufs_gen_ != g_bufs_gen_ || rope_gen_ != g_rope_gen_;
+    if (stale) {
+      for (CudaKVCache* c : cc) {
+        if (!c->deferred_checks()) {
+          c->set_deferred_checks(true);
+          c->set_deferred_checks(false);
+        } else {
+          c->check_inputs();
+        }
+      }
+      for (size_t l = 0; l < cc.size(); ++l) keys[l] = cc[l]->capture_key();
+      if (!capture(cc, sp)) return eager(stats_.off_reason);
+      g_caches_ = caches;
+      g_keys_ = keys;
+      g_sp_ = sp;
+      g_bufs_gen_ = bufs_gen_;
+      g_rope_gen_ = rope_gen_;
+    }
+    host_in_[0] = token;
+    host_in_[1] = int32_t(start);
+    VQ_CUDA_CHECK(cudaMemcpyAsync(step_in_.p, host_in_, 2 * sizeof(int32_t), cudaMemcpyHostToDevice, s_));
+    VQ_CUDA_CHECK(cudaGraphLaunch(exec_, s_));
+    VQ_CUDA_CHECK(cudaStreamSynchronize(s_));
+    ++stats_.replays;
+    std::vector<float> out(host_logits_, host_logits_ + d_.vocab);
+    // Every cache's verdict, as DeferredChecks::collect: a layer whose step failed its input
+    // check applied nothing (its lengths reset to the device's); the others are trimmed back.
+    std::vector<char> failed(cc.size(), 0);
+    std::string first;
+    int first_layer = -1, n_failed = 0;
+    for (size_t l = 0; l < cc.size(); ++l) {
+      try {
+        cc[l]->advance_seq_lens(1);
+      } catch (const ValueError& e) {
+        failed[l] = 1;
+        ++n_failed;
+        if (first_layer < 0) first_layer = int(l), first = e.what();
+      }
+    }
+    if (n_failed > 0) {
+      for (size_t l = 0; l < cc.size(); ++l)
+        if (!failed[l]) caches[l]->trim(1);
+      VQ_THROW(ValueError, "CUDA forward: layer " << first_layer << " (" << n_failed << " layer(s) in all): "
+                                                  << first << "; no cache keeps this call's 1 token(s)");
+    }
+    return out;
+  }
+
+  /// Captures the decode step into exec_ (updated in place where the graph's shape allows).
+  /// False, with graphs off for this decoder and the reason in stats_.off_reason, where the
+  /// capture fails (nothing ran, no cache changed).
+  bool capture(const std::vector<CudaKVCache*>& cc, const SdpaParams& sp) {
+    const int64_t H = d_.hidden;
+    const int nh = d_.n_heads;
+    if (!host_logits_) VQ_CUDA_CHECK(cudaMallocHost(&host_logits_, size_t(d_.vocab) * sizeof(float)));
+    step_in_.alloc(2 * sizeof(int32_t));
+    const int32_t* in = step_in_.as<int32_t>();
+    cudaGraph_t graph = nullptr;
+    VQ_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
+    try {
+      float *x = x_.as<float>(), *h = h_.as<float>();
+      embed_kernel<<<1, kThreads, 0, s_>>>(embed_.data, embed_.dtype, in, H, x);
+      check_launch("embed");
+      for (int l = 0; l < int(layers_.size()); ++l) {
+        before_attention(l, 1, 0, in + 1);
+        cc[size_t(l)]->decode_step_raw(q_.p, k_.p, v_.p, att_.p, DType::F32, nh, 1, sp);
+        after_attention(l, 1);
+      }
+      rmsnorm(x, 1, H, final_norm_, h);
+      gemm(h, 1, lm_head_, nullptr, logits_.as<float>());
+      VQ_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits_.p, size_t(d_.vocab) * sizeof(float),
+                                    cudaMemcpyDeviceToHost, s_));
+      VQ_CUDA_CHECK(cudaStreamEndCapture(s_, &graph));
+    } catch (const std::exception& e) {
+      cudaGraph_t broken = nullptr;
+      cudaStreamEndCapture(s_, &broken);
+      if (broken) cudaGraphDestroy(broken);
+      cudaGetLastError();
+      stats_.off_reason = std::string("capturing a decode step failed: ") + e.what();
+      return false;
+    }
+    ++stats_.captures;
+    if (exec_) {
+      cudaGraphExecUpdateResultInfo info{};
+      if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
+        cudaGetLastError();
+        cudaGraphExecDestroy(exec_);
+        exec_ = nullptr;
+      }
+    }
+    if (!exec_) {
+      const cudaError_t e = cudaGraphInstantiateWithFlags(&exec_, graph, cudaGraphInstantiateFlagUseNodePriority);
+      if (e != cudaSuccess) {
+        cudaGetLastError();
+        exec_ = nullptr;
+        cudaGraphDestroy(graph);
+        stats_.off_reason = std::string("instantiating the decode step's graph failed: ") + cudaGetErrorString(e);
+        return false;
+      }
+      ++stats_.instantiations;
+    }
+    cudaGraphDestroy(graph);
+    return true;
+  }
+
+  // ---- one layer's ops around attention (eager calls and captured steps) -----------------------
+
+  /// RMSNorm, the q/k/v products (+ biases), Qwen3's q/k norms and RoPE at positions start ..
+  /// (start_dev: read from the device instead) into q_, k_, v_.
+  void before_attention(int l, int64_t T, int64_t start, const int32_t* start_dev) {
+    const DevLayer& L = layers_[size_t(l)];
+    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim;
+    float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
+    rmsnorm(x, T, H, L.input_norm, h);
+    gemm(h, T, L.wq, L.bq, q);
+    gemm(h, T, L.wk, L.bk, k);
+    gemm(h, T, L.wv, L.bv, v);
+    if (d_.qk_norm) {
+      rmsnorm(q, T * nh, hd, L.q_norm, q);
+      rmsnorm(k, T * nkv, hd, L.k_norm, k);
+    }
+    rope(q, T, int(nh), start, start_dev);
+    rope(k, T, int(nkv), start, start_dev);
+  }
+
+  /// The output product, the residual, RMSNorm and the SwiGLU MLP from att_ back into x_.
+  void after_attention(int l, int64_t T) {
+    const DevLayer& L = layers_[size_t(l)];
+    const int64_t H = d_.hidden, I = d_.intermediate;
+    float *x = x_.as<float>(), *h = h_.as<float>(), *att = att_.as<float>(), *g = g_.as<float>(), *u = u_.as<float>();
+    gemm(att, T, L.wo, L.bo, h);
+    add(x, h, T * H);
+    rmsnorm(x, T, H, L.post_norm, h);
+    gemm(h, T, L.w_gate, L.b_gate, g);
+    gemm(h, T, L.w_up, L.b_up, u);
+    silu_mul_kernel<<<blocks_for(T * I), kThreads, 0, s_>>>(g, u, g, T * I);
+    check_launch("silu_mul");
+    gemm(g, T, L.w_down, L.b_down, h);
+    add(x, h, T * H);
+  }
+
+  /// Host → device and device → host copies on the stream, waited for.
+  void upload(void* dst, const void* src, size_t bytes) {
+    VQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s_));
+    VQ_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+  void download(void* dst, const void* src, size_t bytes) {
+    VQ_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s_));
+    VQ_CUDA_CHECK(cudaStreamSynchronize(s_));
+  }
+
   const float* upload_vec(const std::vector<float>& v) {
     if (v.empty()) return nullptr;
     auto& b = owned_.emplace_back(std::make_unique<DevBuf>());
     b->alloc(v.size() * 4);
-    VQ_CUDA_CHECK(cudaMemcpy(b->p, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    upload(b->p, v.data(), v.size() * 4);
     weight_bytes_ += int64_t(v.size() * 4);
     return b->as<float>();
   }
@@ -515,12 +727,12 @@ class CudaDecoderImpl final : public CudaDecoder {
       const uint16_t* s = static_cast<const uint16_t*>(m.data);
       for (int64_t i = 0; i < n; ++i) f[size_t(i)] = m.dtype == DType::F16 ? half_to_float(s[i]) : bf16_to_float(s[i]);
       b->alloc(size_t(n) * 4);
-      VQ_CUDA_CHECK(cudaMemcpy(b->p, f.data(), size_t(n) * 4, cudaMemcpyHostToDevice));
+      upload(b->p, f.data(), size_t(n) * 4);
       o.dtype = DType::F32;
     } else {
       const size_t bytes = size_t(n) * dtype_size(m.dtype);
       b->alloc(bytes);
-      VQ_CUDA_CHECK(cudaMemcpy(b->p, m.data, bytes, cudaMemcpyHostToDevice));
+      upload(b->p, m.data, bytes);
       o.dtype = m.dtype;
     }
     o.data = b->p;
@@ -545,23 +757,24 @@ class CudaDecoderImpl final : public CudaDecoder {
     logits_.alloc(size_t(c * d_.vocab) * 4);
     tok_.alloc(size_t(c) * 4);
     cap_ = c;
+    ++bufs_gen_;  // (a captured step reads the old buffers' addresses)
   }
 
   void rmsnorm(const float* x, int64_t rows, int64_t dim, const float* w, float* y) {
     const int threads = dim >= 256 ? 256 : (dim >= 128 ? 128 : (dim >= 64 ? 64 : 32));
-    rmsnorm_kernel<<<unsigned(rows), threads>>>(x, w, y, int(dim), d_.rms_eps);
+    rmsnorm_kernel<<<unsigned(rows), threads, 0, s_>>>(x, w, y, int(dim), d_.rms_eps);
     check_launch("rmsnorm");
   }
 
-  void rope(float* x, int64_t T, int heads, int64_t start) {
+  void rope(float* x, int64_t T, int heads, int64_t start, const int32_t* start_dev) {
     const int64_t n = T * heads * (d_.head_dim / 2);
-    rope_kernel<<<blocks_for(n), kThreads>>>(x, T, heads, d_.head_dim, rope_cos_.as<float>(), rope_sin_.as<float>(),
-                                             start);
+    rope_kernel<<<blocks_for(n), kThreads, 0, s_>>>(x, T, heads, d_.head_dim, rope_cos_.as<float>(),
+                                                    rope_sin_.as<float>(), start, start_dev);
     check_launch("rope");
   }
 
   void add(float* x, const float* y, int64_t n) {
-    add_kernel<<<blocks_for(n), kThreads>>>(x, y, n);
+    add_kernel<<<blocks_for(n), kThreads, 0, s_>>>(x, y, n);
     check_launch("add");
   }
 
@@ -570,7 +783,7 @@ class CudaDecoderImpl final : public CudaDecoder {
   void gemm(const float* x, int64_t n, const DevMatrix& w, const float* bias, float* y) {
     const void* b = x;
     if (w.dtype != DType::F32) {
-      round_kernel<<<blocks_for(n * w.cols), kThreads>>>(x, lowp_.p, w.dtype, n * w.cols);
+      round_kernel<<<blocks_for(n * w.cols), kThreads, 0, s_>>>(x, lowp_.p, w.dtype, n * w.cols);
       check_launch("round");
       b = lowp_.p;
     }
@@ -580,13 +793,15 @@ class CudaDecoderImpl final : public CudaDecoder {
                            int(w.cols), b, t, int(w.cols), &zero, y, CUDA_R_32F, int(w.rows), CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
     if (bias) {
-      add_bias_kernel<<<blocks_for(n * w.rows), kThreads>>>(y, bias, n * w.rows, w.rows);
+      add_bias_kernel<<<blocks_for(n * w.rows), kThreads, 0, s_>>>(y, bias, n * w.rows, w.rows);
       check_launch("add_bias");
     }
   }
 
   CudaDecoderDesc d_;
+  cudaStream_t s_ = nullptr;
   cublasHandle_t blas_ = nullptr;
+  DevBuf blas_ws_;
   std::vector<std::unique_ptr<DevBuf>> owned_;
   std::map<const void*, DevMatrix> uploaded_;
   int64_t weight_bytes_ = 0;
@@ -598,6 +813,20 @@ class CudaDecoderImpl final : public CudaDecoder {
   DevBuf x_, h_, q_, k_, v_, att_, g_, u_, lowp_, logits_, tok_;
   int64_t cap_ = 0;
   std::vector<float> hq_, hk_, hv_, ho_;
+  // decode steps through a graph: the instantiated step, what it was captured against (caches,
+  // their capture keys, the attention parameters, the buffers' and RoPE table's generations),
+  // the device words of the token and its position and their pinned host source, the pinned
+  // logits the step copies out
+  bool graphs_ = true;
+  GraphStats stats_;
+  cudaGraphExec_t exec_ = nullptr;
+  std::vector<KVCache*> g_caches_;
+  std::vector<uint64_t> g_keys_;
+  SdpaParams g_sp_;
+  uint64_t bufs_gen_ = 0, rope_gen_ = 0, g_bufs_gen_ = 0, g_rope_gen_ = 0;
+  DevBuf step_in_;
+  int32_t* host_in_ = nullptr;
+  float* host_logits_ = nullptr;
 };
 
 }  // namespace

@@ -84,11 +84,17 @@ std::unique_ptr<CudaModel> CudaModel::create(const Model& model, const CudaModel
   }
   std::unique_ptr<CudaModel> m(new CudaModel(model, options));
   m->dec_ = detail::create_cuda_decoder(d);
+  m->dec_->set_graphs(options.cuda_graphs);
   m->ensure_rope(std::max<int64_t>(c.max_position_embeddings, 1));
   return m;
 }
 
 int64_t CudaModel::weight_bytes() const { return dec_->weight_bytes(); }
+
+DecodeGraphStats CudaModel::graph_stats() const {
+  const detail::CudaDecoder::GraphStats g = dec_->graph_stats();
+  return {g.captures, g.instantiations, g.replays, g.eager_steps, g.off_reason, g.last_eager_reason};
+}
 
 void CudaModel::ensure_rope(int64_t n) const {
   if (n <= dec_->rope_positions()) return;
@@ -147,7 +153,7 @@ LayerCaches CudaModel::make_caches(const CacheOptions& options) const {
   const ModelConfig& c = model_.config();
   KVCacheConfig base = cache_config_for(model_, options);
   base.device = device();
-  base.stream = nullptr;  // the decoder queues on the legacy default stream too
+  base.stream = dec_->stream();  // the decoder's (decode steps replay as graphs on it)
   LayerCaches caches;
   if (options.kind == CacheKind::VecInfer && !options.artifact_path.empty()) {
     const Artifact a = Artifact::load(options.artifact_path);

@@ -2232,6 +2232,9 @@ TEST(CudaDecode, OverlappedStepsMatchSerialSteps) {
 /// a ValueError naming the step; the cache is then byte-equal to one that never saw the bad
 /// steps, and steps work again. Eager and graph-replayed steps; the overlapped MemoryBound step,
 /// the serial Stash step and the fp16 cache.
+// ... and advance_seq_lens (the host lengths moved by the caller's count of replays, after the
+// verdict) agrees with sync_seq_lens and raises a failed replay the same way; capture_key changes
+// exactly where a captured step would no longer replay.
 TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
   VQ_SKIP_WITHOUT_GPU();
   std::mt19937_64 rng(83);
@@ -2349,6 +2352,40 @@ TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
     expect_same_state(*ref, *tst, what + ", replays after the verdict");
     EXPECT_EQ(tst->offset(), 20 + 3 + 3 + 2);
     EXPECT_FALSE(tc->device_error());
+    // advance_seq_lens: the caller counts its replays; the verdict is read, nothing copied back
+    const uint64_t key = tc->capture_key();
+    for (int i = 0; i < 2; ++i) {
+      const Tensor k = good(), v = good();
+      replay(k, v);
+      step(rc, k, v);
+    }
+    tc->advance_seq_lens(2);
+    const std::vector<int64_t> counted = tc->seq_lens();
+    const CacheMetaState counted_meta = tst->meta_state();
+    tc->sync_seq_lens();
+    EXPECT_EQ(tc->seq_lens(), counted) << "advance_seq_lens and sync_seq_lens disagree";
+    EXPECT_EQ(tst->meta_state(), counted_meta) << "the window counts disagree";
+    expect_same_state(*ref, *tst, what + ", replays counted by advance_seq_lens");
+    replay(bk, good());
+    replay(good(), good());
+    raised([&] { tc->advance_seq_lens(2); });
+    expect_same_state(*ref, *tst, what + ", a failed replay seen by advance_seq_lens");
+    EXPECT_EQ(tst->offset(), 20 + 3 + 3 + 2 + 2);
+    EXPECT_THROW(tc->advance_seq_lens(-1), ValueError);
+    // capture_key: replays and verdicts move no buffer; planning the same step again neither;
+    // another cache object, a new plan, growth and a restore each change it
+    EXPECT_EQ(tc->capture_key(), key) << "replays or verdicts changed the capture key";
+    tc->plan_decode(H * G, 1, 64);
+    EXPECT_EQ(tc->capture_key(), key) << "the same plan again changed the capture key";
+    EXPECT_NE(rc->capture_key(), key) << "two caches share a capture key";
+    tc->plan_decode(H * G, 4, 64);
+    const uint64_t key_q4 = tc->capture_key();
+    EXPECT_NE(key_q4, key) << "a plan of 4 queries kept the capture key";
+    tc->reserve(tc->capacity() + 1000);
+    const uint64_t key_grown = tc->capture_key();
+    EXPECT_NE(key_grown, key_q4) << "growth kept the capture key";
+    tst->restore(tst->state(), tst->meta_state());
+    EXPECT_NE(tc->capture_key(), key_grown) << "a restore kept the capture key";
     cudaGraphExecDestroy(exec);
     cudaGraphDestroy(graph);
   }

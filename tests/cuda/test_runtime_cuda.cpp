@@ -42,6 +42,7 @@
 #include <cstring>
 #include <filesystem>
 #include <random>
+#include <tuple>
 
 #include <gtest/gtest.h>
 
@@ -330,6 +331,108 @@ TEST_P(CudaRuntimeDeviceCache, VecInferCacheOnTheDeviceIsCloseToTheCpuOne) {
   EXPECT_EQ(dev[0]->offset(), n);
 }
 
+// Decode calls replay a CUDA graph of the whole step (CudaModelOptions::cuda_graphs) against a
+// model whose calls all run eagerly: a 40-token prompt, then 232 decode steps (past the caches'
+// first 256 tokens of capacity, so the graph is captured again after growth and new plans), then
+// a 5-token chunk (eager on both: the host's lengths after the replays must be right). Same
+// kernels, products and plans on both sides, so the logits agree to f32 summation order (bound
+// kMaxRelGraph; measured equal) and the caches hold the same tokens: the fp16 cache byte for
+// byte, VecInfer up to encoder near-ties. Caches: fp16, VecInfer memory-bound with a window of 16
+// (the overlapped step: encode beside attention), without a window (encode, then attention),
+// and Stash.
+TEST_P(CudaRuntimeDeviceCache, GraphDecodeStepsMatchEagerOnes) {
+  VQ_SKIP_WITHOUT_GPU();
+  constexpr double kMaxRelGraph = 1e-5;
+  const auto model = load_model(write_hd64(GetParam()));
+  const int64_t n_prompt = 40, n_steps = 232, n_tail = 5, V = model->config().vocab_size;
+  const uint64_t seed = 8500 + std::hash<std::string>{}(GetParam()) % 1000;
+  const auto tokens = random_tokens(n_prompt + n_steps + n_tail, int(V), seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  CudaModelOptions co;
+  co.weights_f32 = true;
+  co.cuda_graphs = false;
+  const auto eager = CudaModel::create(*model, co);
+  co.cuda_graphs = true;
+  const auto graphed = CudaModel::create(*model, co);
+  std::vector<std::pair<std::string, CacheOptions>> kinds{{"fp16", fp16_options()}};
+  for (auto [name, mode, window] : {std::tuple{"memory-bound w16", CacheMode::MemoryBound, 16},
+                                    std::tuple{"memory-bound w0", CacheMode::MemoryBound, 0},
+                                    std::tuple{"stash w16", CacheMode::Stash, 16}}) {
+    CacheOptions o;
+    o.kind = CacheKind::VecInfer;
+    o.mode = mode;
+    o.residual_length = window;
+    o.seed = 11;
+    o.n_threads = 2;
+    kinds.emplace_back(name, o);
+  }
+  auto run = [&](const CudaModel& m, LayerCaches& caches) {
+    std::vector<float> all = vqtest::incremental_logits(
+        m, caches, std::vector<int32_t>(tokens.begin(), tokens.end() - n_tail), n_prompt);
+    ForwardOptions fo;
+    fo.all_logits = true;
+    const auto tail = m.forward(std::span<const int32_t>(tokens.data() + n_prompt + n_steps, n_tail), caches, fo);
+    all.insert(all.end(), tail.begin(), tail.end());
+    return all;
+  };
+  for (const auto& [name, o] : kinds) {
+    SCOPED_TRACE(name);
+    LayerCaches ce = eager->make_caches(o), cg = graphed->make_caches(o);
+    ASSERT_TRUE(cg[0]->config().device.is_cuda());
+    const DecodeGraphStats before = graphed->graph_stats();
+    const std::vector<float> le = run(*eager, ce);
+    const std::vector<float> lg = run(*graphed, cg);
+    const DecodeGraphStats after = graphed->graph_stats();
+    ASSERT_EQ(lg.size(), le.size());
+    const int64_t rows = n_prompt + n_steps + n_tail;
+    const ErrStats e = compare_rows(lg, le, V, rows);
+    EXPECT_LE(e.max_rel, kMaxRelGraph);
+    EXPECT_TRUE(all_finite(lg));
+    EXPECT_EQ(after.off_reason, "") << "graphs were turned off";
+    EXPECT_EQ(after.replays - before.replays, n_steps) << "not every decode call was a replay: "
+                                                       << after.last_eager_reason;
+    const int64_t captures = after.captures - before.captures;
+    EXPECT_GE(captures, 2) << "the caches grew past 256 tokens: the step must have been captured again";
+    EXPECT_LE(captures, 24) << "captured again far more often than the growth and plans ask";
+    EXPECT_EQ(eager->graph_stats().replays, 0);
+    // the caches hold the same tokens
+    for (size_t l = 0; l < cg.size(); ++l) {
+      ASSERT_EQ(cg[l]->offset(), rows);
+      ASSERT_EQ(ce[l]->offset(), rows);
+      const CacheState sg = cg[l]->state(), se = ce[l]->state();
+      ASSERT_EQ(sg.size(), se.size());
+      for (size_t i = 0; i < sg.size(); ++i) {
+        const Tensor &a = sg[i].second, &b = se[i].second;
+        ASSERT_EQ(a.nbytes(), b.nbytes()) << sg[i].first;
+        int64_t diff = 0;
+        const auto *pa = a.ptr<uint8_t>(), *pb = b.ptr<uint8_t>();
+        for (int64_t j = 0; j < a.nbytes(); ++j) diff += pa[j] != pb[j];
+        if (o.kind == CacheKind::FP16) EXPECT_EQ(diff, 0) << "layer " << l << " " << sg[i].first;
+        else EXPECT_LE(double(diff), 1e-3 * double(a.nbytes())) << "layer " << l << " " << sg[i].first;
+      }
+    }
+    std::printf("[cuda forward graphs] %s, %s: %lld replayed steps, %lld captures (%lld instantiated), graph vs "
+                "eager logits max_rel %.2e\n",
+                GetParam().c_str(), name.c_str(), (long long)(after.replays - before.replays), (long long)captures,
+                (long long)(after.instantiations - before.instantiations), e.max_rel);
+  }
+  // A call that cannot replay says why and runs eagerly: CPU caches, and a KV observer.
+  LayerCaches host = make_caches(*model, fp16_options());
+  const int64_t eager_before = graphed->graph_stats().eager_steps;
+  graphed->forward(std::span<const int32_t>(tokens.data(), 3), host);
+  graphed->forward(std::span<const int32_t>(tokens.data() + 3, 1), host);
+  EXPECT_NE(graphed->graph_stats().last_eager_reason.find("on the CPU"), std::string::npos)
+      << graphed->graph_stats().last_eager_reason;
+  LayerCaches dev = graphed->make_caches(fp16_options());
+  graphed->forward(std::span<const int32_t>(tokens.data(), 3), dev);
+  ForwardOptions fo;
+  fo.observer = [](int, const float*, const float*, int64_t) {};
+  graphed->forward(std::span<const int32_t>(tokens.data() + 3, 1), dev, fo);
+  EXPECT_NE(graphed->graph_stats().last_eager_reason.find("observer"), std::string::npos)
+      << graphed->graph_stats().last_eager_reason;
+  EXPECT_EQ(graphed->graph_stats().eager_steps - eager_before, 2);
+}
+
 // ---- cache-less passes, the KV observer, perplexity and calibration samples on the device ---
 
 namespace {
@@ -546,32 +649,56 @@ TEST(CudaRuntime, NonFiniteKeysFailTheCallAndLeaveEveryCacheAsItWas) {
     SCOPED_TRACE(o.kind == CacheKind::FP16 ? "fp16 cache" : "VecInfer cache");
     LayerCaches dev = gm->make_caches(o);
     ASSERT_TRUE(dev[0]->config().device.is_cuda());
+    // the states of every layer; the message a failing call raises; every layer as it was
+    auto states = [&] {
+      std::vector<CacheState> s;
+      for (auto& c : dev) s.push_back(c->state());
+      return s;
+    };
+    auto failure = [&](const std::vector<int32_t>& tokens) {
+      std::string msg;
+      try {
+        gm->forward(tokens, dev);
+      } catch (const ValueError& e) {
+        msg = e.what();
+      }
+      return msg;
+    };
+    auto expect_as_before = [&](const std::vector<CacheState>& before, int64_t offset) {
+      for (size_t l = 0; l < dev.size(); ++l) {
+        EXPECT_EQ(dev[l]->offset(), offset) << "layer " << l;
+        EXPECT_FALSE(dynamic_cast<CudaKVCache&>(*dev[l]).deferred_checks()) << "layer " << l;
+        const CacheState after = dev[l]->state();
+        ASSERT_EQ(after.size(), before[l].size());
+        for (size_t i = 0; i < after.size(); ++i) {
+          const Tensor &x = before[l][i].second, &y = after[i].second;
+          ASSERT_EQ(x.nbytes(), y.nbytes()) << after[i].first;
+          EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << "layer " << l << ": " << after[i].first;
+        }
+      }
+    };
     const std::vector<int32_t> ok{1, 2, 3, 4, 5, 6};
     gm->forward(ok, dev);
-    std::vector<CacheState> before;
-    for (auto& c : dev) before.push_back(c->state());
-    const std::vector<int32_t> bad{8, 7, 9};
-    std::string msg;
-    try {
-      gm->forward(bad, dev);
-    } catch (const ValueError& e) {
-      msg = e.what();
-    }
+    const std::vector<CacheState> before = states();
+    std::string msg = failure({8, 7, 9});
     EXPECT_NE(msg.find("layer 0"), std::string::npos) << msg;
     EXPECT_NE(msg.find("deferred input check failed"), std::string::npos) << msg;
-    for (size_t l = 0; l < dev.size(); ++l) {
-      EXPECT_EQ(dev[l]->offset(), 6) << "layer " << l;
-      EXPECT_FALSE(dynamic_cast<CudaKVCache&>(*dev[l]).deferred_checks()) << "layer " << l;
-      const CacheState after = dev[l]->state();
-      ASSERT_EQ(after.size(), before[l].size());
-      for (size_t i = 0; i < after.size(); ++i) {
-        const Tensor &x = before[l][i].second, &y = after[i].second;
-        ASSERT_EQ(x.nbytes(), y.nbytes()) << after[i].first;
-        EXPECT_EQ(std::memcmp(x.data(), y.data(), size_t(x.nbytes())), 0) << "layer " << l << ": " << after[i].first;
-      }
-    }
+    expect_as_before(before, 6);
     const std::vector<float> logits = gm->forward(std::vector<int32_t>{8, 9}, dev);
     EXPECT_TRUE(all_finite(logits));
     EXPECT_EQ(dev[1]->offset(), 8);
+    // A decode call (a graph replay: CudaModelOptions::cuda_graphs is on by default) with the
+    // poisoned token fails the same way, its steps' verdicts read by advance_seq_lens, and the
+    // graph goes on replaying after it.
+    const int64_t replays = gm->graph_stats().replays;
+    gm->forward(std::vector<int32_t>{10}, dev);
+    const std::vector<CacheState> before_step = states();
+    msg = failure({7});
+    EXPECT_NE(msg.find("layer 0"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("decode step's input check failed"), std::string::npos) << msg;
+    expect_as_before(before_step, 9);
+    EXPECT_TRUE(all_finite(gm->forward(std::vector<int32_t>{11}, dev)));
+    EXPECT_EQ(dev[1]->offset(), 10);
+    EXPECT_EQ(gm->graph_stats().replays - replays, 3) << gm->graph_stats().last_eager_reason;
   }
 }

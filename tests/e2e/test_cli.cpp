@@ -212,9 +212,19 @@ TEST(Cli, PerplexityAndModelCalibrationOnEitherDevice) {
   EXPECT_NE(cal.out.find("200 tokens"), std::string::npos) << cal.out;
   EXPECT_EQ(Artifact::load(dir + "/cpu.safetensors").calib_tokens, 200);
 
+  // --no-cuda-graphs is accepted everywhere (it only matters to decode calls on a GPU)
+  const CliRun nog = run("generate --model " + model + " --prompt-file " + text + " -n 2 --no-cuda-graphs");
+  ASSERT_EQ(nog.status, 0) << nog.out;
   const CliRun gpu = run(ppl_args + " --device cuda");
   const CliRun gcal = run(cal_args + "/gpu.safetensors --device cuda");
+  // decode calls on the GPU say whether they replayed a CUDA graph: not with this checkpoint's
+  // CPU caches (head_dim 16), and the reason is named
+  const CliRun ggen = run("generate --model " + model + " --prompt-file " + text + " -n 3 --device cuda");
   if (cuda_is_available()) {
+    ASSERT_EQ(ggen.status, 0) << ggen.out;
+    EXPECT_NE(ggen.out.find("decode steps: launched from the host (the cache of layer 0 is on the CPU)"),
+              std::string::npos)
+        << ggen.out;
     ASSERT_EQ(gpu.status, 0) << gpu.out;
     EXPECT_NE(gpu.out.find("on cuda:0"), std::string::npos) << gpu.out;
     EXPECT_NE(gpu.out.find("attention runs on the host"), std::string::npos) << gpu.out;
@@ -229,6 +239,8 @@ TEST(Cli, PerplexityAndModelCalibrationOnEitherDevice) {
     EXPECT_NE(gpu.out.find("CUDA"), std::string::npos) << gpu.out;
     EXPECT_NE(gcal.status, 0);
     EXPECT_NE(gcal.out.find("CUDA"), std::string::npos) << gcal.out;
+    EXPECT_NE(ggen.status, 0);
+    EXPECT_NE(ggen.out.find("CUDA"), std::string::npos) << ggen.out;
   }
 }
 

@@ -151,6 +151,16 @@ int run_generate(const GenerateArgs& a) {
     std::fprintf(stderr, "decode: %lld tokens, %lld steps in %.3f s = %.1f tokens/s (stop: %s)\n",
                  (long long)s.generated_tokens, (long long)s.decode_steps, s.decode_seconds, s.decode_tps(),
                  s.stop_reason.c_str());
+    if (cuda_model && s.decode_steps > 0) {
+      const DecodeGraphStats g = cuda_model->graph_stats();
+      if (g.replays > 0)
+        std::fprintf(stderr, "decode steps: %lld CUDA graph replays, %lld captures (%lld instantiated), %lld eager\n",
+                     (long long)g.replays, (long long)g.captures, (long long)g.instantiations,
+                     (long long)g.eager_steps);
+      else
+        std::fprintf(stderr, "decode steps: launched from the host (%s)\n",
+                     (!g.off_reason.empty() ? g.off_reason : g.last_eager_reason).c_str());
+    }
     std::fprintf(stderr, "KV cache: %s held for %lld tokens (capacity slack, codebooks, window included); fp16 K/V of those tokens: %s (held/fp16 = %.3f)\n",
                  human_bytes(double(s.kv_bytes)).c_str(), (long long)caches[0]->offset(),
                  human_bytes(double(s.kv_fp16_bytes)).c_str(),

@@ -20,6 +20,7 @@ struct ModelArgs {
   std::string model_dir;
   std::string device = "cpu";
   int threads = 0;
+  bool no_cuda_graphs = false;
 };
 
 struct CacheArgs {
@@ -42,6 +43,9 @@ inline void add_model_options(CLI::App* app, ModelArgs& a) {
       ->check(CLI::ExistingDirectory);
   app->add_option("--device", a.device, "cpu or cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app->add_option("--threads", a.threads, "CPU threads (0: all cores)")->capture_default_str();
+  app->add_flag("--no-cuda-graphs", a.no_cuda_graphs,
+                "--device cuda: launch every decode step's kernels from the host instead of replaying a CUDA "
+                "graph of the step (for comparison; the results agree)");
 }
 
 inline void add_cache_options(CLI::App* app, CacheArgs& a) {
@@ -84,7 +88,9 @@ inline std::unique_ptr<veloxquant::runtime::Model> load_model(const ModelArgs& a
 inline std::unique_ptr<veloxquant::runtime::CudaModel> device_model(const ModelArgs& a,
                                                                     const veloxquant::runtime::Model& model) {
   if (a.device != "cuda") return nullptr;
-  return veloxquant::runtime::CudaModel::create(model);
+  veloxquant::runtime::CudaModelOptions o;
+  o.cuda_graphs = !a.no_cuda_graphs;
+  return veloxquant::runtime::CudaModel::create(model, o);
 }
 
 /// The per-layer caches for `co`: device-resident ones with a device model, else (or where the
