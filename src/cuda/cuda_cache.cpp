@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -1981,21 +1982,21 @@ class CudaVecInferCache final : public CudaCacheBase, public VecInferAccounting 
     std::swap(v_grid_, o.v_grid_);
     std::swap(grids_tried_, o.grids_tried_);
     std::swap(bulk_th_, o.bulk_th_);
-    Tensor* mine[] = {&k_cb_,   &v_cb_,   &k_nrm_,  &v_nrm_,   &k_cb16_,  &v_cb16_, &k_cb8_,  &v_cb8_,  &k_cb_op_, &v_cb_op_,
-                      &lambda_, &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_, &ring_v_};
-    Tensor* theirs[] = {&o.k_cb_,       &o.v_cb_,   &o.k_nrm_,  &o.v_nrm_,   &o.k_cb16_,  &o.v_cb16_,
-                        &o.k_cb8_,      &o.v_cb8_,  &o.k_cb_op_, &o.v_cb_op_, &o.lambda_, &o.inv_lambda_,
-                        &o.held_k_,     &o.held_v_, &o.codes_k_, &o.codes_v_, &o.pend_k_, &o.pend_v_,
-                        &o.ring_k_,     &o.ring_v_};
-    for (size_t i = 0; i < sizeof(mine) / sizeof(mine[0]); ++i) std::swap(*mine[i], *theirs[i]);
+    const auto mine = content_tensors(), theirs = o.content_tensors();
+    for (size_t i = 0; i < mine.size(); ++i) std::swap(*mine[i], *theirs[i]);
+  }
+
+  /// The device tensors of what the cache holds (codebooks, transforms, held rows, codes, window
+  /// rings): what a restore swaps in (swap_state) and what a captured step reads (step_buffers).
+  std::array<Tensor*, 20> content_tensors() {
+    return {&k_cb_,   &v_cb_,       &k_nrm_,  &v_nrm_,  &k_cb16_,  &v_cb16_,  &k_cb8_,  &v_cb8_,  &k_cb_op_, &v_cb_op_,
+            &lambda_, &inv_lambda_, &held_k_, &held_v_, &codes_k_, &codes_v_, &pend_k_, &pend_v_, &ring_k_,  &ring_v_};
   }
 
   void step_buffers(std::vector<const Tensor*>& out) const override {
-    out.insert(out.end(), {&k_cb_,    &v_cb_,     &k_nrm_,     &v_nrm_,     &k_cb16_,    &v_cb16_,   &k_cb8_,
-                           &v_cb8_,   &k_cb_op_,  &v_cb_op_,   &lambda_,    &inv_lambda_, &held_k_,  &held_v_,
-                           &codes_k_, &codes_v_,  &pend_k_,    &pend_v_,    &ring_k_,    &ring_v_,   &dec_best_,
-                           &dec_code_, &dec_count_, &snap_,    &k_grid_.cells, &k_grid_.lists, &v_grid_.cells,
-                           &v_grid_.lists});
+    for (const Tensor* t : const_cast<CudaVecInferCache*>(this)->content_tensors()) out.push_back(t);
+    out.insert(out.end(), {&dec_best_, &dec_code_, &dec_count_, &snap_, &k_grid_.cells, &k_grid_.lists,
+                           &v_grid_.cells, &v_grid_.lists});
   }
 
   CacheMode mode_ = CacheMode::Standard;
