@@ -10,7 +10,10 @@
 // sees them (each call waits for its logits). Eager and graph models alternate over --reps
 // rounds; the best round of each is printed with the ratio.
 //
-//   bench_runtime_decode [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N]
+//   bench_runtime_decode [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N] [--no-pdl]
+//
+// --no-pdl launches the decoder's own kernels plainly instead of as programmatic dependents of
+// the kernel before them (detail::set_runtime_pdl), for an A/B of that launch in one binary.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "core/cuda_decoder.h"
 #include "runtime/tiny_checkpoint.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
@@ -82,8 +86,10 @@ int main(int argc, char** argv) {
     else if (a == "--ctx") ctx = std::stoll(next());
     else if (a == "--steps") steps = std::stoll(next());
     else if (a == "--reps") reps = std::stoi(next());
+    else if (a == "--no-pdl") veloxquant::detail::set_runtime_pdl(false);
     else {
-      std::fprintf(stderr, "usage: %s [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N] [--no-pdl]\n",
+                   argv[0]);
       return 2;
     }
   }
@@ -136,8 +142,8 @@ int main(int argc, char** argv) {
     std::printf("decode calls after a %lld-token prompt, %lld timed steps, best of %d rounds (wall clock per call, "
                 "logits on the host)\n",
                 (long long)ctx, (long long)steps, reps);
-    std::printf("| cache | eager ms/step | graph ms/step | graph speed-up | graph tokens/s | captures |\n");
-    std::printf("|---|---|---|---|---|---|\n");
+    std::printf("| cache | eager ms/step | graph ms/step | graph speed-up | graph tokens/s | captures | kernels/step |\n");
+    std::printf("|---|---|---|---|---|---|---|\n");
     for (const Kind& k : kinds) {
       Timing best[2];
       for (int r = 0; r < reps; ++r) {
@@ -169,9 +175,9 @@ int main(int argc, char** argv) {
           }
         }
       }
-      std::printf("| %s | %.4f | %.4f | %.2fx | %.0f | %lld |\n", k.label, best[0].ms_per_step, best[1].ms_per_step,
-                  best[0].ms_per_step / best[1].ms_per_step, 1000.0 / best[1].ms_per_step,
-                  (long long)best[1].captures);
+      std::printf("| %s | %.4f | %.4f | %.2fx | %.0f | %lld | %lld |\n", k.label, best[0].ms_per_step,
+                  best[1].ms_per_step, best[0].ms_per_step / best[1].ms_per_step, 1000.0 / best[1].ms_per_step,
+                  (long long)best[1].captures, (long long)graphed->graph_stats().kernel_nodes);
     }
     std::filesystem::remove_all(dir);
   } catch (const std::exception& e) {

@@ -111,6 +111,7 @@ class CudaDecoder {
     int64_t instantiations = 0;  ///< of those, the ones instantiated anew (else updated in place)
     int64_t replays = 0;         ///< decode calls served by a replay
     int64_t eager_steps = 0;     ///< one-token calls with caches that ran eagerly
+    int64_t kernel_nodes = 0;    ///< kernels in the last captured step (cuBLAS's included)
     std::string off_reason;      ///< why graphs are off ("" while on)
     std::string last_eager_reason;  ///< why the last eager one-token call was not replayed
   };
@@ -118,5 +119,11 @@ class CudaDecoder {
 };
 
 std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc);
+
+/// The decoder's own kernels that follow another kernel (the norms, q/k/v post-processing,
+/// SwiGLU, the attention output's rounding) launched as programmatic dependents of it on sm_90
+/// (their launch overlaps its tail; each waits for it before touching memory). On by default;
+/// returns the previous setting. For benchmarks' A/B (bench_runtime_decode --no-pdl) and tests.
+bool set_runtime_pdl(bool on);
 
 }  // namespace veloxquant::detail

@@ -289,6 +289,19 @@ class CudaCacheBase : public CudaKVCache {
     }
   }
 
+  /// Whether the device's sequence lengths equal the host's mirror (waits for the stream; one
+  /// small copy): after a captured step, replays move the device's without a host call.
+  bool device_lengths_are_host_ones() const {
+    if (!len_.defined()) return true;
+    DeviceGuard g(device_.index);
+    VQ_CU(cudaStreamSynchronize(cs(stream_)));
+    std::vector<int32_t> l(static_cast<size_t>(batch_));
+    VQ_CU(cudaMemcpy(l.data(), len_.data(), l.size() * 4, cudaMemcpyDeviceToHost));
+    for (int64_t b = 0; b < batch_; ++b)
+      if (int64_t(l[size_t(b)]) != lens_[size_t(b)]) return false;
+    return true;
+  }
+
   void advance_seq_lens(int64_t steps) override {
     VQ_CHECK_VALUE(steps >= 0, "advance_seq_lens: steps must be >= 0, got " << steps);
     VQ_CHECK_VALUE(steps == 0 || plan_.valid, "advance_seq_lens: no decode step is planned (plan_decode)");
@@ -637,14 +650,15 @@ class CudaCacheBase : public CudaKVCache {
   /// (materialize_rows), the prefill kernel over them as over an fp16 cache's rows, the
   /// workspace freed behind it on the stream; a Stash cache attends over the rows it holds
   /// (holds_every_row: no workspace, no expansion). False (nothing queued) where it does not
-  /// apply: a cache without codes to expand, a step captured since the host's lengths were last
-  /// read (replays may have moved the device's past them: the workspace is sized by the host's
-  /// mirror), auto mode with a grid that does not fill the device, a workspace beyond the limit
-  /// or that cannot be allocated.
+  /// apply: a cache without codes to expand, one on which a step was captured and whose device
+  /// lengths differ from the host's (replays the caller has not counted yet may have moved
+  /// them: the workspace is sized by the host's mirror), auto mode with a grid that does not
+  /// fill the device, a workspace beyond the limit or that cannot be allocated.
   bool prefill_over_rows(const TensorView& q, const TensorView& out, const SdpaParams& sp, float scale) {
     const int rmode = cuda::prefill_rows_mode();
     const bool held = holds_every_row();
-    if (rmode == cuda::kRowsOff || capturing() || !(held || (can_materialize() && !steps_captured_))) return false;
+    if (rmode == cuda::kRowsOff || capturing() || !(held || can_materialize())) return false;
+    if (!held && steps_captured_ && !device_lengths_are_host_ones()) return false;
     const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
     const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
     if (!cuda::prefill_rows_compiled(D)) return false;

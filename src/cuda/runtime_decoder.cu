@@ -1,24 +1,31 @@
 // src/cuda/runtime_decoder.cu — the runtime's forward pass of a Llama-family decoder on one GPU
 // (core/cuda_decoder.h): the CPU forward of src/runtime/model.cpp, op for op, on the device.
 //
-// Activations (all f32, row-major, device):
-//   x, h      [n_tokens, hidden]                   residual stream / normed or projected rows
-//   q, att    [n_tokens, n_heads, head_dim]        seen by the caches as [1, n_heads, n_tokens, head_dim]
-//   k, v      [n_tokens, n_kv_heads, head_dim]     seen as [1, n_kv_heads, n_tokens, head_dim]
-//   g, u      [n_tokens, intermediate]
-//   lowp      [n_tokens, max(hidden, inter, n_heads·hd)] f16/bf16: activations rounded to the
-//             weights' dtype for a half-precision product (weights_f32 off)
+// Activations (row-major, device):
+//   x         [n_tokens, hidden] f32               residual stream
+//   in        [n_tokens, max(hidden, inter, n_heads·hd)]  the next product's input: f32, or
+//             rounded to that product's f16/bf16 weights (weights_f32 off) by the kernel that
+//             wrote it (the norms, SwiGLU, the attention output's rounding)
+//   h         [n_tokens, hidden] f32               the output and down products' rows
+//   qkv       [n_tokens, (n_heads + 2·n_kv)·hd]    the stacked q/k/v product's rows
+//   q, att    [n_tokens, n_heads, head_dim] f32    seen by the caches as [1, n_heads, n_tokens, head_dim]
+//   k, v      [n_tokens, n_kv_heads, head_dim] f32 seen as [1, n_kv_heads, n_tokens, head_dim]
+//   gu        [n_tokens, 2·intermediate] f32       the stacked gate/up product's rows
 //   rope_cos, rope_sin [n_positions, head_dim/2]   the runtime's table (attention factor folded in)
-// Weights: [out, in] row-major as the checkpoint stores nn.Linear, in f32 or their own dtype.
+// Weights: [out, in] row-major as the checkpoint stores nn.Linear, in f32 or their own dtype; the
+// products that read the same input are stacked (q/k/v, gate/up: one matrix each).
 //
 // Matrix products are cublasGemmEx with CUBLAS_COMPUTE_32F (fp32 accumulation, never TF32: the
-// tests compare against the CPU forward at ~1e-4). The small ops are one plain kernel each: at
-// decode time they move a few KB and the products (weight streaming) dominate; fusing them is a
-// later optimisation. Attention goes through the caches' own device path (update, then
-// fused_sdpa on device tensors); CPU caches are also accepted (q/k/v copied over and back), so
-// head sizes the device caches do not compile still run. Everything is queued on the runtime's
-// stream of the device (runtime_stream: blocking, so caches on the legacy default stream stay
-// ordered with it), which the caches created by the runtime use too.
+// tests compare against the CPU forward at ~1e-4). The small ops are fused around them, so a
+// layer is: [residual add + RMSNorm + rounding] → q/k/v product → [biases + q/k norms + RoPE] →
+// attention → [rounding] → output product → [residual add + bias + RMSNorm + rounding] →
+// gate/up product → [biases + SwiGLU + rounding] → down product, whose residual the next layer's
+// first kernel adds (the final norm's, after the last layer). Attention goes through the caches'
+// own device path (update, then fused_sdpa on device tensors); CPU caches are also accepted
+// (q/k/v copied over and back), so head sizes the device caches do not compile still run.
+// Everything is queued on the runtime's stream of the device (runtime_stream: blocking, so caches
+// on the legacy default stream stay ordered with it), which the caches created by the runtime use
+// too.
 //
 // Decode steps (one token, device caches on that stream) replay a CUDA graph of the whole step
 // (CudaDecoder::set_graphs): the same kernels and products as the eager call, the RoPE position
@@ -37,6 +44,7 @@
 
 #include "core/cuda_decoder.h"
 #include "cuda/cuda_util.cuh"
+#include <atomic>
 #include "veloxquant/attention.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/cuda_cache.h"
@@ -114,14 +122,27 @@ __global__ void embed_kernel(const void* table, DType dt, const int32_t* tokens,
     out[t * hidden + c] = cuda::load_f(table, dt, row * hidden + c);
 }
 
-// y[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ w. One block per row; x and y may alias
-// (every element is read and written by the same thread).
-__global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim, float eps) {
+// One block per row r: where `add` is given, the residual x[r, :] += add[r, :] (+ bias) first
+// (the output or down product's rows, the bias added to them before the sum, as the unfused
+// pass did); then out[r, :] = x[r, :] / sqrt(mean(x[r, :]²) + eps) ⊙ w, stored as out_dt: the
+// next product's input, already rounded to that product's weight dtype. Every element of x is
+// read and written by the same thread.
+__global__ void add_rmsnorm_kernel(float* x, const float* add, const float* bias, const float* w, void* out,
+                                   DType out_dt, int dim, float eps) {
+  cuda::grid_dep_wait();  // (a programmatic dependent launch: the kernel before it has finished)
   const int64_t r = blockIdx.x;
-  const float* xr = x + r * dim;
-  float* yr = y + r * dim;
+  float* xr = x + r * dim;
   float ss = 0.0f;
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) ss += xr[c] * xr[c];
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+    float v = xr[c];
+    if (add) {
+      float a = add[r * dim + c];
+      if (bias) a += bias[c];
+      v += a;
+      xr[c] = v;
+    }
+    ss += v * v;
+  }
   for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
   __shared__ float part[32];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -134,46 +155,88 @@ __global__ void rmsnorm_kernel(const float* x, const float* w, float* y, int dim
   }
   __syncthreads();
   const float inv = 1.0f / sqrtf(part[0] / float(dim) + eps);
-  for (int c = threadIdx.x; c < dim; c += blockDim.x) yr[c] = xr[c] * inv * w[c];
+  for (int c = threadIdx.x; c < dim; c += blockDim.x) cuda::store_f(out, out_dt, r * dim + c, xr[c] * inv * w[c]);
 }
 
-// Rotary embedding in place ("rotate half"), x [n_tokens, heads, head_dim], token t at
-// position start + t; one thread per (t, head, i < half).
-__global__ void rope_kernel(float* x, int64_t n_tokens, int heads, int head_dim, const float* cos_t,
-                            const float* sin_t, int64_t start, const int32_t* start_dev) {
-  if (start_dev) start = *start_dev;  // a captured decode step: the position the host wrote
-  const int half = head_dim / 2;
+// The fused q/k/v product's rows y [T, (nh + 2·nkv)·hd] (heads q0..q(nh−1), k0.., v0..) into
+// q [T, nh, hd], k and v [T, nkv, hd]: each head's bias added, Qwen3's per-head RMSNorm on q and
+// k (q_norm, k_norm: null where the model has none), then RoPE ("rotate half") on q and k at
+// position start + t (start_dev: a captured decode step reads the position the host wrote).
+// One warp per (token, head); lane l holds the rotation pairs (i, i + hd/2), i = l + 32·j.
+template <int P>
+__global__ void qkv_post_kernel(const float* __restrict__ y, const float* __restrict__ bias,
+                                const float* __restrict__ q_norm, const float* __restrict__ k_norm, float* q, float* k,
+                                float* v, int64_t T, int nh, int nkv, int hd, float eps, const float* cos_t,
+                                const float* sin_t, int64_t start, const int32_t* start_dev) {
+  cuda::grid_dep_wait();
+  if (start_dev) start = *start_dev;
+  const int heads = nh + 2 * nkv, half = hd / 2, lane = threadIdx.x & 31;
+  const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+  if (w >= T * heads) return;
+  const int64_t t = w / heads;
+  const int hh = int(w % heads);
+  const float* src = y + w * hd;
+  const float* b = bias ? bias + int64_t(hh) * hd : nullptr;
+  float a[P], c[P];
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int i = lane + 32 * j;
+    a[j] = c[j] = 0.0f;
+    if (i < half) {
+      a[j] = src[i];
+      c[j] = src[i + half];
+      if (b) a[j] += b[i], c[j] += b[i + half];
+    }
+  }
+  float* dst;
+  const float* norm;
+  if (hh < nh) dst = q + (t * nh + hh) * hd, norm = q_norm;
+  else if (hh < nh + nkv) dst = k + (t * nkv + hh - nh) * hd, norm = k_norm;
+  else dst = v + (t * nkv + hh - nh - nkv) * hd, norm = nullptr;
+  if (norm) {
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < P; ++j) ss += a[j] * a[j] + c[j] * c[j];
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float inv = 1.0f / sqrtf(ss / float(hd) + eps);
+#pragma unroll
+    for (int j = 0; j < P; ++j) {
+      const int i = lane + 32 * j;
+      if (i < half) a[j] = a[j] * inv * norm[i], c[j] = c[j] * inv * norm[i + half];
+    }
+  }
+  const bool rotate = hh < nh + nkv;
+#pragma unroll
+  for (int j = 0; j < P; ++j) {
+    const int i = lane + 32 * j;
+    if (i >= half) continue;
+    if (rotate) {
+      const float cs = cos_t[(start + t) * half + i], sn = sin_t[(start + t) * half + i];
+      dst[i] = __fsub_rn(__fmul_rn(a[j], cs), __fmul_rn(c[j], sn));
+      dst[i + half] = __fadd_rn(__fmul_rn(c[j], cs), __fmul_rn(a[j], sn));
+    } else {
+      dst[i] = a[j];
+      dst[i + half] = c[j];
+    }
+  }
+}
+
+// out[t, i] = silu(gu[t, i] + b_gate[i]) · (gu[t, I + i] + b_up[i]), stored as out_dt (the down
+// product's input): gu holds the fused gate/up product's rows [T, 2·I], gate first.
+__global__ void silu_mul_kernel(const float* gu, const float* b_gate, const float* b_up, void* out, DType out_dt,
+                                int64_t T, int64_t I) {
+  cuda::grid_dep_wait();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (idx >= n_tokens * heads * half) return;
-  const int i = int(idx % half);
-  const int64_t th = idx / half;  // t * heads + h
-  const int64_t t = th / heads;
-  const float c = cos_t[(start + t) * half + i], s = sin_t[(start + t) * half + i];
-  float* v = x + th * head_dim;
-  const float a = v[i], b = v[i + half];
-  v[i] = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-  v[i + half] = __fadd_rn(__fmul_rn(b, c), __fmul_rn(a, s));
-}
-
-__global__ void silu_mul_kernel(const float* g, const float* u, float* out, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  const float a = g[i];
-  out[i] = (a / (1.0f + expf(-a))) * u[i];
-}
-
-__global__ void add_kernel(float* x, const float* y, int64_t n) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) x[i] += y[i];
-}
-
-// y [rows, cols] += bias [cols] per row.
-__global__ void add_bias_kernel(float* y, const float* bias, int64_t n, int64_t cols) {
-  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (i < n) y[i] += bias[i % cols];
+  if (idx >= T * I) return;
+  const int64_t t = idx / I, i = idx % I;
+  float a = gu[t * 2 * I + i], u = gu[t * 2 * I + I + i];
+  if (b_gate) a += b_gate[i];
+  if (b_up) u += b_up[i];
+  cuda::store_f(out, out_dt, idx, (a / (1.0f + expf(-a))) * u);
 }
 
 __global__ void round_kernel(const float* x, void* out, DType dt, int64_t n) {
+  cuda::grid_dep_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) cuda::store_f(out, dt, i, x[i]);
 }
@@ -245,6 +308,8 @@ __global__ void window_attention_kernel(const float* __restrict__ q, const float
 
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
+
+std::atomic<bool> g_runtime_pdl{true};
 
 void window_attention(const float* q, const float* k, const float* v, float* out, int T, int nh, int nkv, int hd,
                       const SdpaParams& sp, cudaStream_t stream) {
@@ -322,11 +387,15 @@ struct DevMatrix {
   int64_t rows = 0, cols = 0;
 };
 
+// One layer's device weights. The products that read the same input are stacked into one
+// matrix (rows concatenated): q/k/v as wqkv [(nh + 2·nkv)·hd, hidden], gate/up as w_gate_up
+// [2·inter, hidden]; bqkv holds the three biases in that order (zeros for a projection without
+// one; null where none has one).
 struct DevLayer {
   const float *input_norm = nullptr, *post_norm = nullptr, *q_norm = nullptr, *k_norm = nullptr;
-  const float *bq = nullptr, *bk = nullptr, *bv = nullptr, *bo = nullptr;
+  const float *bqkv = nullptr, *bo = nullptr;
   const float *b_gate = nullptr, *b_up = nullptr, *b_down = nullptr;
-  DevMatrix wq, wk, wv, wo, w_gate, w_up, w_down;
+  DevMatrix wqkv, wo, w_gate_up, w_down;
 };
 
 class CudaDecoderImpl final : public CudaDecoder {
@@ -340,8 +409,18 @@ class CudaDecoderImpl final : public CudaDecoder {
     }
     VQ_CHECK_VALUE(d.device.index < n_dev,
                    "CUDA forward: device cuda:" << d.device.index << " requested, " << n_dev << " visible");
+    VQ_CHECK_VALUE(d.head_dim > 0 && d.head_dim % 2 == 0 && d.head_dim <= 512,
+                   "CUDA forward: head_dim must be even and at most 512 (RoPE pairs, one warp a head), got "
+                       << d.head_dim);
     VQ_CUDA_CHECK(cudaSetDevice(d.device.index));
     s_ = runtime_stream(d.device.index);
+    {  // programmatic dependent launches need the kernels' own sm_90 code (grid_dep_wait)
+      int major = 0;
+      VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d.device.index));
+      cudaFuncAttributes fa{};
+      VQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, add_rmsnorm_kernel));
+      pdl_capable_ = major >= 9 && fa.binaryVersion >= 90;
+    }
     VQ_CUBLAS(cublasCreate(&blas_));
     VQ_CUBLAS(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));  // no TF32 with CUBLAS_COMPUTE_32F
     VQ_CUBLAS(cublasSetStream(blas_, s_));
@@ -359,20 +438,24 @@ class CudaDecoderImpl final : public CudaDecoder {
       o.post_norm = upload_vec(L.post_norm);
       o.q_norm = upload_vec(L.q_norm);
       o.k_norm = upload_vec(L.k_norm);
-      o.bq = upload_vec(L.bq);
-      o.bk = upload_vec(L.bk);
-      o.bv = upload_vec(L.bv);
+      o.bqkv = upload_stacked_bias({{&L.bq, L.wq.rows}, {&L.bk, L.wk.rows}, {&L.bv, L.wv.rows}});
       o.bo = upload_vec(L.bo);
       o.b_gate = upload_vec(L.b_gate);
       o.b_up = upload_vec(L.b_up);
       o.b_down = upload_vec(L.b_down);
-      o.wq = upload_matrix(L.wq);
-      o.wk = upload_matrix(L.wk);
-      o.wv = upload_matrix(L.wv);
+      o.wqkv = upload_stacked({&L.wq, &L.wk, &L.wv});
       o.wo = upload_matrix(L.wo);
-      o.w_gate = upload_matrix(L.w_gate);
-      o.w_up = upload_matrix(L.w_up);
+      o.w_gate_up = upload_stacked({&L.w_gate, &L.w_up});
       o.w_down = upload_matrix(L.w_down);
+      const int64_t l = int64_t(layers_.size());
+      VQ_CHECK_SHAPE(o.wqkv.rows == int64_t(d.n_heads + 2 * d.n_kv_heads) * d.head_dim && o.wqkv.cols == d.hidden,
+                     "CUDA forward: layer " << l << "'s q/k/v products stack to [" << o.wqkv.rows << ", " << o.wqkv.cols
+                                            << "], expected [" << (d.n_heads + 2 * d.n_kv_heads) * d.head_dim << ", "
+                                            << d.hidden << "]");
+      VQ_CHECK_SHAPE(o.w_gate_up.rows == 2 * int64_t(d.intermediate) && o.w_gate_up.cols == d.hidden,
+                     "CUDA forward: layer " << l << "'s gate/up products stack to [" << o.w_gate_up.rows << ", "
+                                            << o.w_gate_up.cols << "], expected [" << 2 * int64_t(d.intermediate)
+                                            << ", " << d.hidden << "]");
       layers_.push_back(o);
     }
     VQ_CUDA_CHECK(cudaDeviceSynchronize());
@@ -430,11 +513,9 @@ class CudaDecoderImpl final : public CudaDecoder {
       if (std::optional<std::vector<float>> r = graph_step(tokens[0], start, caches, sp, observer)) return *r;
       ++stats_.eager_steps;
     }
-    float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
-    float *att = att_.as<float>();
+    float *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>(), *att = att_.as<float>();
     upload(tok_.p, tokens, size_t(T) * 4);
-    embed_kernel<<<unsigned(T), kThreads, 0, s_>>>(embed_.data, embed_.dtype, tok_.as<int32_t>(), H, x);
-    check_launch("embed");
+    embed_and_norm(T, tok_.as<int32_t>());
 
     // The device caches' update() queues its input range check instead of waiting for it (one
     // host round trip per layer otherwise): the verdicts are read once, after the logits' copy
@@ -502,9 +583,10 @@ class CudaDecoderImpl final : public CudaDecoder {
       }
       throw;
     }
+    // (the last layer's after_attention left the final norm's rows in in_)
     const int64_t rows = all_logits ? T : 1;
-    rmsnorm(x + (T - rows) * H, rows, H, final_norm_, h);
-    gemm(h, rows, lm_head_, nullptr, logits_.as<float>());
+    gemm_in(static_cast<const char*>(in_.p) + size_t((T - rows) * H) * dtype_size(lm_head_.dtype), rows, lm_head_,
+            logits_.as<float>());
     std::vector<float> out(size_t(rows * d_.vocab));
     download(out.data(), logits_.p, out.size() * 4);
     deferred.collect(T);
@@ -604,7 +686,6 @@ class CudaDecoderImpl final : public CudaDecoder {
   /// False, with graphs off for this decoder and the reason in stats_.off_reason, where the
   /// capture fails (nothing ran, no cache changed).
   bool capture(const std::vector<CudaKVCache*>& cc, const SdpaParams& sp) {
-    const int64_t H = d_.hidden;
     const int nh = d_.n_heads;
     if (!host_logits_) VQ_CUDA_CHECK(cudaMallocHost(&host_logits_, size_t(d_.vocab) * sizeof(float)));
     step_in_.alloc(2 * sizeof(int32_t));
@@ -612,16 +693,13 @@ class CudaDecoderImpl final : public CudaDecoder {
     cudaGraph_t graph = nullptr;
     VQ_CUDA_CHECK(cudaStreamBeginCapture(s_, cudaStreamCaptureModeThreadLocal));
     try {
-      float *x = x_.as<float>(), *h = h_.as<float>();
-      embed_kernel<<<1, kThreads, 0, s_>>>(embed_.data, embed_.dtype, in, H, x);
-      check_launch("embed");
+      embed_and_norm(1, in);
       for (int l = 0; l < int(layers_.size()); ++l) {
         before_attention(l, 1, 0, in + 1);
         cc[size_t(l)]->decode_step_raw(q_.p, k_.p, v_.p, att_.p, DType::F32, nh, 1, sp);
         after_attention(l, 1);
       }
-      rmsnorm(x, 1, H, final_norm_, h);
-      gemm(h, 1, lm_head_, nullptr, logits_.as<float>());
+      gemm_in(in_.p, 1, lm_head_, logits_.as<float>());
       VQ_CUDA_CHECK(cudaMemcpyAsync(host_logits_, logits_.p, size_t(d_.vocab) * sizeof(float),
                                     cudaMemcpyDeviceToHost, s_));
       VQ_CUDA_CHECK(cudaStreamEndCapture(s_, &graph));
@@ -634,6 +712,7 @@ class CudaDecoderImpl final : public CudaDecoder {
       return false;
     }
     ++stats_.captures;
+    stats_.kernel_nodes = count_kernel_nodes(graph);
     if (exec_) {
       cudaGraphExecUpdateResultInfo info{};
       if (cudaGraphExecUpdate(exec_, graph, &info) != cudaSuccess) {
@@ -657,40 +736,83 @@ class CudaDecoderImpl final : public CudaDecoder {
     return true;
   }
 
-  // ---- one layer's ops around attention (eager calls and captured steps) -----------------------
-
-  /// RMSNorm, the q/k/v products (+ biases), Qwen3's q/k norms and RoPE at positions start ..
-  /// (start_dev: read from the device instead) into q_, k_, v_.
-  void before_attention(int l, int64_t T, int64_t start, const int32_t* start_dev) {
-    const DevLayer& L = layers_[size_t(l)];
-    const int64_t H = d_.hidden, nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim;
-    float *x = x_.as<float>(), *h = h_.as<float>(), *q = q_.as<float>(), *k = k_.as<float>(), *v = v_.as<float>();
-    rmsnorm(x, T, H, L.input_norm, h);
-    gemm(h, T, L.wq, L.bq, q);
-    gemm(h, T, L.wk, L.bk, k);
-    gemm(h, T, L.wv, L.bv, v);
-    if (d_.qk_norm) {
-      rmsnorm(q, T * nh, hd, L.q_norm, q);
-      rmsnorm(k, T * nkv, hd, L.k_norm, k);
+  static int64_t count_kernel_nodes(cudaGraph_t graph) {
+    size_t n = 0;
+    if (cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess) return cudaGetLastError(), 0;
+    std::vector<cudaGraphNode_t> nodes(n);
+    if (n == 0 || cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess) return cudaGetLastError(), 0;
+    int64_t k = 0;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType t{};
+      if (cudaGraphNodeGetType(node, &t) == cudaSuccess && t == cudaGraphNodeTypeKernel) ++k;
     }
-    rope(q, T, int(nh), start, start_dev);
-    rope(k, T, int(nkv), start, start_dev);
+    return k;
   }
 
-  /// The output product, the residual, RMSNorm and the SwiGLU MLP from att_ back into x_.
+  // ---- one layer's ops around attention (eager calls and captured steps) -----------------------
+
+  /// The embedding of tokens [T] (device) into x_, then the first layer's input norm into in_.
+  void embed_and_norm(int64_t T, const int32_t* tokens) {
+    embed_kernel<<<unsigned(T), kThreads, 0, s_>>>(embed_.data, embed_.dtype, tokens, d_.hidden, x_.as<float>());
+    check_launch("embed");
+    norm_for(0, T, nullptr, nullptr);
+  }
+
+  /// From in_ (layer l's normed input, rounded for its products): the stacked q/k/v product,
+  /// then biases, Qwen3's q/k norms and RoPE at positions start .. (start_dev: read from the
+  /// device instead) into q_, k_, v_.
+  void before_attention(int l, int64_t T, int64_t start, const int32_t* start_dev) {
+    const DevLayer& L = layers_[size_t(l)];
+    const int nh = d_.n_heads, nkv = d_.n_kv_heads, hd = d_.head_dim;
+    gemm_in(in_.p, T, L.wqkv, qkv_.as<float>());
+    const unsigned blocks = unsigned((T * (nh + 2 * nkv) * 32 + kThreads - 1) / kThreads);
+    auto launch = [&](auto kernel) {
+      launch_dep("qkv_post", kernel, blocks, kThreads, static_cast<const float*>(qkv_.as<float>()), L.bqkv,
+                 d_.qk_norm ? L.q_norm : nullptr, d_.qk_norm ? L.k_norm : nullptr, q_.as<float>(), k_.as<float>(),
+                 v_.as<float>(), T, nh, nkv, hd, d_.rms_eps, static_cast<const float*>(rope_cos_.as<float>()),
+                 static_cast<const float*>(rope_sin_.as<float>()), start, start_dev);
+    };
+    if (hd <= 64) launch(qkv_post_kernel<1>);
+    else if (hd <= 128) launch(qkv_post_kernel<2>);
+    else if (hd <= 256) launch(qkv_post_kernel<4>);
+    else launch(qkv_post_kernel<8>);
+  }
+
+  /// The output product from att_, the residual, the post-attention norm, the stacked gate/up
+  /// product, SwiGLU and the down product; its residual is added by the next norm (the next
+  /// layer's input norm, or the final norm after the last layer), which leaves in_ ready for
+  /// the next product.
   void after_attention(int l, int64_t T) {
     const DevLayer& L = layers_[size_t(l)];
-    const int64_t H = d_.hidden, I = d_.intermediate;
-    float *x = x_.as<float>(), *h = h_.as<float>(), *att = att_.as<float>(), *g = g_.as<float>(), *u = u_.as<float>();
-    gemm(att, T, L.wo, L.bo, h);
-    add(x, h, T * H);
-    rmsnorm(x, T, H, L.post_norm, h);
-    gemm(h, T, L.w_gate, L.b_gate, g);
-    gemm(h, T, L.w_up, L.b_up, u);
-    silu_mul_kernel<<<blocks_for(T * I), kThreads, 0, s_>>>(g, u, g, T * I);
-    check_launch("silu_mul");
-    gemm(g, T, L.w_down, L.b_down, h);
-    add(x, h, T * H);
+    const int64_t I = d_.intermediate;
+    float *h = h_.as<float>(), *att = att_.as<float>();
+    const void* a = att;
+    if (L.wo.dtype != DType::F32) {
+      launch_dep("round", round_kernel, blocks_for(T * L.wo.cols), kThreads, static_cast<const float*>(att), in_.p,
+                 L.wo.dtype, T * L.wo.cols);
+      a = in_.p;
+    }
+    gemm_in(a, T, L.wo, h);
+    add_norm(T, h, L.bo, L.post_norm, L.w_gate_up.dtype);
+    gemm_in(in_.p, T, L.w_gate_up, gu_.as<float>());
+    launch_dep("silu_mul", silu_mul_kernel, blocks_for(T * I), kThreads, static_cast<const float*>(gu_.as<float>()),
+               L.b_gate, L.b_up, in_.p, L.w_down.dtype, T, I);
+    gemm_in(in_.p, T, L.w_down, h);
+    norm_for(l + 1, T, h, L.b_down);
+  }
+
+  /// The norm before layer l's products (l == n_layers: the final norm before lm_head), adding
+  /// the residual `add` (+ bias) to x_ first where given; into in_, rounded for those products.
+  void norm_for(int l, int64_t T, const float* add, const float* bias) {
+    if (l < int(layers_.size())) add_norm(T, add, bias, layers_[size_t(l)].input_norm, layers_[size_t(l)].wqkv.dtype);
+    else add_norm(T, add, bias, final_norm_, lm_head_.dtype);
+  }
+
+  void add_norm(int64_t T, const float* add, const float* bias, const float* w, DType out_dt) {
+    const int64_t dim = d_.hidden;
+    const int threads = dim >= 256 ? 256 : (dim >= 128 ? 128 : (dim >= 64 ? 64 : 32));
+    launch_dep("add_rmsnorm", add_rmsnorm_kernel, unsigned(T), unsigned(threads), x_.as<float>(), add, bias, w, in_.p,
+               out_dt, int(dim), d_.rms_eps);
   }
 
   /// Host → device and device → host copies on the stream, waited for.
@@ -713,32 +835,60 @@ class CudaDecoderImpl final : public CudaDecoder {
   }
 
   DevMatrix upload_matrix(const HostMatrix& m) {
-    VQ_CHECK_VALUE(m.data != nullptr && m.rows > 0 && m.cols > 0, "CUDA forward: empty weight matrix");
-    (void)cuda_type(m.dtype);
     auto it = uploaded_.find(m.data);
     if (it != uploaded_.end()) return it->second;  // tied embeddings: one copy
+    return uploaded_[m.data] = upload_stacked({&m});
+  }
+
+  /// The matrices' rows stacked into one device matrix [Σ rows, cols], in their dtype where they
+  /// share one (and weights_f32 is off), else in f32.
+  DevMatrix upload_stacked(std::initializer_list<const HostMatrix*> parts) {
     DevMatrix o;
-    o.rows = m.rows;
-    o.cols = m.cols;
-    const int64_t n = m.rows * m.cols;
+    const HostMatrix& first = **parts.begin();
+    o.cols = first.cols;
+    o.dtype = d_.weights_f32 ? DType::F32 : first.dtype;
+    for (const HostMatrix* m : parts) {
+      VQ_CHECK_VALUE(m->data != nullptr && m->rows > 0 && m->cols > 0, "CUDA forward: empty weight matrix");
+      (void)cuda_type(m->dtype);
+      VQ_CHECK_SHAPE(m->cols == o.cols, "CUDA forward: matrices that read the same input must have as many columns: "
+                                            << m->cols << " against " << o.cols);
+      if (m->dtype != o.dtype) o.dtype = DType::F32;
+      o.rows += m->rows;
+    }
     auto& b = owned_.emplace_back(std::make_unique<DevBuf>());
-    if (d_.weights_f32 && m.dtype != DType::F32) {
-      std::vector<float> f(static_cast<size_t>(n));
-      const uint16_t* s = static_cast<const uint16_t*>(m.data);
-      for (int64_t i = 0; i < n; ++i) f[size_t(i)] = m.dtype == DType::F16 ? half_to_float(s[i]) : bf16_to_float(s[i]);
-      b->alloc(size_t(n) * 4);
-      upload(b->p, f.data(), size_t(n) * 4);
-      o.dtype = DType::F32;
-    } else {
-      const size_t bytes = size_t(n) * dtype_size(m.dtype);
-      b->alloc(bytes);
-      upload(b->p, m.data, bytes);
-      o.dtype = m.dtype;
+    b->alloc(size_t(o.rows * o.cols) * dtype_size(o.dtype));
+    char* dst = static_cast<char*>(b->p);
+    for (const HostMatrix* m : parts) {
+      const int64_t n = m->rows * m->cols;
+      if (m->dtype == o.dtype) {
+        upload(dst, m->data, size_t(n) * dtype_size(m->dtype));
+      } else {  // f16/bf16 into an f32 matrix
+        std::vector<float> f(static_cast<size_t>(n));
+        const uint16_t* h = static_cast<const uint16_t*>(m->data);
+        for (int64_t i = 0; i < n; ++i) f[size_t(i)] = m->dtype == DType::F16 ? half_to_float(h[i]) : bf16_to_float(h[i]);
+        upload(dst, f.data(), size_t(n) * 4);
+      }
+      dst += size_t(n) * dtype_size(o.dtype);
     }
     o.data = b->p;
     weight_bytes_ += int64_t(b->bytes);
-    uploaded_[m.data] = o;
     return o;
+  }
+
+  /// Biases of stacked products (vector, that product's rows; an empty vector: no bias) as one
+  /// vector with zeros for the missing ones; null where none has a bias.
+  const float* upload_stacked_bias(std::initializer_list<std::pair<const std::vector<float>*, int64_t>> parts) {
+    bool any = false;
+    for (const auto& [v, rows] : parts) any = any || !v->empty();
+    if (!any) return nullptr;
+    std::vector<float> all;
+    for (const auto& [v, rows] : parts) {
+      VQ_CHECK_SHAPE(v->empty() || int64_t(v->size()) == rows,
+                     "CUDA forward: a bias of " << v->size() << " values for a product of " << rows << " rows");
+      if (v->empty()) all.insert(all.end(), size_t(rows), 0.0f);
+      else all.insert(all.end(), v->begin(), v->end());
+    }
+    return upload_vec(all);
   }
 
   void ensure_buffers(int64_t T) {
@@ -746,56 +896,50 @@ class CudaDecoderImpl final : public CudaDecoder {
     if (T <= cap_) return;
     const int64_t c = std::max<int64_t>(T, 16);
     x_.alloc(size_t(c * H) * 4);
+    in_.alloc(size_t(c * std::max({H, I, nh * hd})) * 4);
     h_.alloc(size_t(c * H) * 4);
+    qkv_.alloc(size_t(c * (nh + 2 * nkv) * hd) * 4);
     q_.alloc(size_t(c * nh * hd) * 4);
     att_.alloc(size_t(c * nh * hd) * 4);
     k_.alloc(size_t(c * nkv * hd) * 4);
     v_.alloc(size_t(c * nkv * hd) * 4);
-    g_.alloc(size_t(c * I) * 4);
-    u_.alloc(size_t(c * I) * 4);
-    lowp_.alloc(size_t(c * std::max({H, I, nh * hd})) * 2);
+    gu_.alloc(size_t(c * 2 * I) * 4);
     logits_.alloc(size_t(c * d_.vocab) * 4);
     tok_.alloc(size_t(c) * 4);
     cap_ = c;
     ++bufs_gen_;  // (a captured step reads the old buffers' addresses)
   }
 
-  void rmsnorm(const float* x, int64_t rows, int64_t dim, const float* w, float* y) {
-    const int threads = dim >= 256 ? 256 : (dim >= 128 ? 128 : (dim >= 64 ? 64 : 32));
-    rmsnorm_kernel<<<unsigned(rows), threads, 0, s_>>>(x, w, y, int(dim), d_.rms_eps);
-    check_launch("rmsnorm");
-  }
-
-  void rope(float* x, int64_t T, int heads, int64_t start, const int32_t* start_dev) {
-    const int64_t n = T * heads * (d_.head_dim / 2);
-    rope_kernel<<<blocks_for(n), kThreads, 0, s_>>>(x, T, heads, d_.head_dim, rope_cos_.as<float>(),
-                                                    rope_sin_.as<float>(), start, start_dev);
-    check_launch("rope");
-  }
-
-  void add(float* x, const float* y, int64_t n) {
-    add_kernel<<<blocks_for(n), kThreads, 0, s_>>>(x, y, n);
-    check_launch("add");
-  }
-
-  /// y [n, w.rows] = x [n, w.cols] · wᵀ (+ bias). Column-major view: y(w.rows × n) =
-  /// W(cols × rows)ᵀ · x(cols × n), so both operands are read as stored.
-  void gemm(const float* x, int64_t n, const DevMatrix& w, const float* bias, float* y) {
-    const void* b = x;
-    if (w.dtype != DType::F32) {
-      round_kernel<<<blocks_for(n * w.cols), kThreads, 0, s_>>>(x, lowp_.p, w.dtype, n * w.cols);
-      check_launch("round");
-      b = lowp_.p;
+  /// Launches one of the decoder's kernels that follow another kernel on the stream: as its
+  /// programmatic dependent where the device and build allow it and set_runtime_pdl is on (the
+  /// kernel's first instruction is grid_dep_wait), else plainly.
+  template <class... P, class... A>
+  void launch_dep(const char* what, void (*kernel)(P...), unsigned grid, unsigned block, A&&... args) {
+    cudaLaunchAttribute attr{};
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(block);
+    cfg.stream = s_;
+    cfg.attrs = &attr;
+    cfg.numAttrs = pdl_capable_ && g_runtime_pdl.load() ? 1 : 0;
+    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      VQ_THROW(CudaError, "runtime forward: launching " << what << " failed: " << cudaGetErrorString(e));
     }
+  }
+
+  /// y [n, w.rows] = in [n, w.cols] · wᵀ, `in` already in w's dtype (f32, or the activations
+  /// rounded to the weights' half type by the kernel that wrote them). Column-major view:
+  /// y(w.rows × n) = W(cols × rows)ᵀ · in(cols × n), so both operands are read as stored.
+  void gemm_in(const void* in, int64_t n, const DevMatrix& w, float* y) {
     const float one = 1.0f, zero = 0.0f;
     const cudaDataType_t t = cuda_type(w.dtype);
     VQ_CUBLAS(cublasGemmEx(blas_, CUBLAS_OP_T, CUBLAS_OP_N, int(w.rows), int(n), int(w.cols), &one, w.data, t,
-                           int(w.cols), b, t, int(w.cols), &zero, y, CUDA_R_32F, int(w.rows), CUBLAS_COMPUTE_32F,
+                           int(w.cols), in, t, int(w.cols), &zero, y, CUDA_R_32F, int(w.rows), CUBLAS_COMPUTE_32F,
                            CUBLAS_GEMM_DEFAULT));
-    if (bias) {
-      add_bias_kernel<<<blocks_for(n * w.rows), kThreads, 0, s_>>>(y, bias, n * w.rows, w.rows);
-      check_launch("add_bias");
-    }
   }
 
   CudaDecoderDesc d_;
@@ -810,8 +954,11 @@ class CudaDecoderImpl final : public CudaDecoder {
   std::vector<DevLayer> layers_;
   DevBuf rope_cos_, rope_sin_;
   int64_t rope_n_ = 0;
-  DevBuf x_, h_, q_, k_, v_, att_, g_, u_, lowp_, logits_, tok_;
+  // activations: x_ the residual stream, in_ the next product's input (f32 or rounded to that
+  // product's weight dtype), h_ a product's f32 rows, qkv_ / gu_ the stacked products' rows
+  DevBuf x_, in_, h_, qkv_, q_, k_, v_, att_, gu_, logits_, tok_;
   int64_t cap_ = 0;
+  bool pdl_capable_ = false;
   std::vector<float> hq_, hk_, hv_, ho_;
   // decode steps through a graph: the instantiated step, what it was captured against (caches,
   // their capture keys, the attention parameters, the buffers' and RoPE table's generations),
@@ -830,6 +977,8 @@ class CudaDecoderImpl final : public CudaDecoder {
 };
 
 }  // namespace
+
+bool set_runtime_pdl(bool on) { return g_runtime_pdl.exchange(on); }
 
 std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc) {
   return std::make_unique<CudaDecoderImpl>(desc);

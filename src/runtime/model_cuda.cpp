@@ -93,7 +93,7 @@ int64_t CudaModel::weight_bytes() const { return dec_->weight_bytes(); }
 
 DecodeGraphStats CudaModel::graph_stats() const {
   const detail::CudaDecoder::GraphStats g = dec_->graph_stats();
-  return {g.captures, g.instantiations, g.replays, g.eager_steps, g.off_reason, g.last_eager_reason};
+  return {g.captures, g.instantiations, g.replays, g.eager_steps, g.kernel_nodes, g.off_reason, g.last_eager_reason};
 }
 
 void CudaModel::ensure_rope(int64_t n) const {

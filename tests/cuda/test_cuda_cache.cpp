@@ -2372,15 +2372,39 @@ TEST(CudaDecode, BadStepInputsFailLaterAndLeaveTheCacheAsItWas) {
     expect_same_state(*ref, *tst, what + ", a failed replay seen by advance_seq_lens");
     EXPECT_EQ(tst->offset(), 20 + 3 + 3 + 2 + 2);
     EXPECT_THROW(tc->advance_seq_lens(-1), ValueError);
-    // capture_key: replays and verdicts move no buffer; planning the same step again neither;
-    // another cache object, a new plan, growth and a restore each change it
     EXPECT_EQ(tc->capture_key(), key) << "replays or verdicts changed the capture key";
+    // a prompt chunk (20 queries) after replays, on the cache that has codes to expand: over the
+    // codes while a replay is not counted (the rows' workspace is sized by the host's lengths),
+    // over dequantized rows once it is (device and host lengths agree), as on the cache that
+    // never captured a step (the same kernels: equal bit for bit). A chunk may grow the
+    // attention's workspace, which changes the capture key: no replay after it.
+    if (c.kind == CacheKind::VecInfer && c.mode() == CacheMode::MemoryBound) {
+      const int prev_rows = cuda::set_prefill_rows_mode(cuda::kRowsAlways);
+      const Tensor pq = to_device(random_tensor({B, H * G, 20, D}, DType::F16, rng));
+      const Tensor k = good(), v = good();
+      replay(k, v);  // not counted yet
+      const long long r0 = cuda::prefill_rows_launches();
+      (void)tst->fused_sdpa(pq.view(), SdpaParams{});
+      EXPECT_EQ(cuda::prefill_rows_launches(), r0) << "rows sized by the host's stale lengths";
+      tc->advance_seq_lens(1);
+      step(rc, k, v);
+      expect_same_state(*ref, *tst, what + ", a replay counted after a prompt chunk");
+      const long long r1 = cuda::prefill_rows_launches();
+      const std::vector<float> a = floats(tst->fused_sdpa(pq.view(), SdpaParams{}));
+      const std::vector<float> b = floats(ref->fused_sdpa(pq.view(), SdpaParams{}));
+      EXPECT_EQ(cuda::prefill_rows_launches() - r1, 2) << "counted replays kept the chunk off the rows path";
+      EXPECT_EQ(a, b) << "the chunk over the rows after replays differs from the one on the other cache";
+      cuda::set_prefill_rows_mode(prev_rows);
+    }
+    // capture_key (replays and verdicts moved no buffer: above): planning the same step again
+    // neither; another cache object, a new plan, growth and a restore each change it
+    const uint64_t key1 = tc->capture_key();
     tc->plan_decode(H * G, 1, 64);
-    EXPECT_EQ(tc->capture_key(), key) << "the same plan again changed the capture key";
-    EXPECT_NE(rc->capture_key(), key) << "two caches share a capture key";
+    EXPECT_EQ(tc->capture_key(), key1) << "the same plan again changed the capture key";
+    EXPECT_NE(rc->capture_key(), key1) << "two caches share a capture key";
     tc->plan_decode(H * G, 4, 64);
     const uint64_t key_q4 = tc->capture_key();
-    EXPECT_NE(key_q4, key) << "a plan of 4 queries kept the capture key";
+    EXPECT_NE(key_q4, key1) << "a plan of 4 queries kept the capture key";
     tc->reserve(tc->capacity() + 1000);
     const uint64_t key_grown = tc->capture_key();
     EXPECT_NE(key_grown, key_q4) << "growth kept the capture key";

@@ -46,6 +46,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/cuda_decoder.h"
 #include "runtime/runtime_test_util.h"
 #include "runtime/tiny_checkpoint.h"
 #include "veloxquant/cuda_cache.h"
@@ -411,10 +412,11 @@ TEST_P(CudaRuntimeDeviceCache, GraphDecodeStepsMatchEagerOnes) {
         else EXPECT_LE(double(diff), 1e-3 * double(a.nbytes())) << "layer " << l << " " << sg[i].first;
       }
     }
-    std::printf("[cuda forward graphs] %s, %s: %lld replayed steps, %lld captures (%lld instantiated), graph vs "
-                "eager logits max_rel %.2e\n",
+    std::printf("[cuda forward graphs] %s, %s: %lld replayed steps, %lld captures (%lld instantiated), %lld kernels "
+                "a step, graph vs eager logits max_rel %.2e\n",
                 GetParam().c_str(), name.c_str(), (long long)(after.replays - before.replays), (long long)captures,
-                (long long)(after.instantiations - before.instantiations), e.max_rel);
+                (long long)(after.instantiations - before.instantiations), (long long)after.kernel_nodes, e.max_rel);
+    EXPECT_GT(after.kernel_nodes, 0);
   }
   // A call that cannot replay says why and runs eagerly: CPU caches, and a KV observer.
   LayerCaches host = make_caches(*model, fp16_options());
@@ -589,6 +591,92 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaRuntimeDeviceCache,
                              if (c == '-') c = '_';
                            return n;
                          });
+
+// The device stacks the products that read the same input (q/k/v, gate/up) into one matrix.
+// A checkpoint whose k projections are f16 while the rest is bf16 cannot stack them in either
+// half type, so that layer's q/k/v matrix is held in f32 (its f16 and bf16 parts converted on
+// upload). Checked three ways: with weights_f32 (every part converted by that code, against the
+// CPU at the f32 tier), with native weights (the bf16 tier; the device's fp16 caches and graph
+// replays on top at the device-cache tier), and by the bytes held: exactly the q/k/v matrices'
+// f32 excess over the all-bf16 checkpoint's.
+TEST(CudaRuntime, MixedDtypeProductsStackInF32) {
+  VQ_SKIP_WITHOUT_GPU();
+  vqtest::TinySpec spec = spec_hd64("llama");
+  spec.dtype = "bfloat16";
+  auto write = [&](const vqtest::TinySpec& s) {
+    const auto dir = std::filesystem::path(::testing::TempDir()) / ("vq_" + s.name);
+    vqtest::write_tiny_checkpoint(s, dir);
+    return load_model(dir);
+  };
+  const auto plain = write(spec);
+  spec.name = "cuda-llama-hd64-mixed";
+  spec.k_proj_dtype = "float16";
+  const auto model = write(spec);
+  ASSERT_EQ(model->weights().tensor("model.layers.0.self_attn.k_proj.weight").dtype, DType::F16);
+  ASSERT_EQ(model->weights().tensor("model.layers.0.self_attn.q_proj.weight").dtype, DType::BF16);
+  const ModelConfig& c = model->config();
+  const int64_t n_prompt = 20, n = 28, V = c.vocab_size;
+  const auto tokens = random_tokens(n, int(V), 7321);
+  LayerCaches cpu_caches = make_caches(*model, fp16_options());
+  const std::vector<float> cpu = vqtest::incremental_logits(*model, cpu_caches, tokens, n_prompt);
+
+  CudaModelOptions f32;
+  f32.weights_f32 = true;
+  const auto gf = CudaModel::create(*model, f32);
+  LayerCaches cf = make_caches(*model, fp16_options());
+  const ErrStats ef = compare_rows(vqtest::incremental_logits(*gf, cf, tokens, n_prompt), cpu, V, n);
+
+  const auto gm = CudaModel::create(*model, CudaModelOptions{});
+  LayerCaches ch = make_caches(*model, fp16_options());
+  const std::vector<float> native = vqtest::incremental_logits(*gm, ch, tokens, n_prompt);
+  const ErrStats eh = compare_rows(native, cpu, V, n);
+  LayerCaches dev = gm->make_caches(fp16_options());
+  const std::vector<float> replayed = vqtest::incremental_logits(*gm, dev, tokens, n_prompt);
+  const ErrStats ed = compare_rows(replayed, native, V, n);
+  std::printf("[cuda forward] mixed bf16/f16 checkpoint: f32 weights vs CPU max_rel %.2e; native weights vs CPU "
+              "%.2e; device fp16 caches (%lld replays) vs CPU caches %.2e\n",
+              ef.max_rel, eh.max_rel, (long long)gm->graph_stats().replays, ed.max_rel);
+  EXPECT_LE(ef.max_rel, kMaxRelF32);
+  EXPECT_LE(eh.max_rel, max_rel_half(DType::BF16));
+  EXPECT_LE(ed.max_rel, kMaxRelDeviceCache);
+  EXPECT_EQ(gm->graph_stats().replays, n - n_prompt);
+  EXPECT_TRUE(all_finite(replayed));
+
+  const int64_t qkv = int64_t(c.n_heads + 2 * c.n_kv_heads) * c.head_dim * c.hidden_size;
+  EXPECT_EQ(gm->weight_bytes(), CudaModel::create(*plain, CudaModelOptions{})->weight_bytes() + c.n_layers * qkv * 2)
+      << "the mixed layers' q/k/v matrices in f32, everything else in bf16";
+}
+
+// The decoder's own kernels launched as programmatic dependents of the kernel before them (sm_90,
+// detail::set_runtime_pdl) or plainly: the same kernels on the same inputs, so the logits of a
+// prompt and of replayed and eager decode steps are equal bit for bit (Qwen2's biases and
+// Qwen3's q/k norms: every fused kernel runs).
+TEST(CudaRuntime, DependentLaunchesChangeNothing) {
+  VQ_SKIP_WITHOUT_GPU();
+  for (const std::string arch : {"qwen2", "qwen3"}) {
+    SCOPED_TRACE(arch);
+    const auto model = load_model(write_hd64(arch));
+    const int64_t n_prompt = 24, n = 32, V = model->config().vocab_size;
+    const auto tokens = random_tokens(n, int(V), 4242);
+    std::vector<float> out[2][2];  // [pdl][graphs]
+    for (int pdl = 0; pdl < 2; ++pdl) {
+      const bool prev = veloxquant::detail::set_runtime_pdl(pdl == 1);
+      for (int graphs = 0; graphs < 2; ++graphs) {
+        CudaModelOptions co;
+        co.cuda_graphs = graphs == 1;
+        const auto gm = CudaModel::create(*model, co);
+        LayerCaches dev = gm->make_caches(fp16_options());
+        out[pdl][graphs] = vqtest::incremental_logits(*gm, dev, tokens, n_prompt);
+        EXPECT_EQ(gm->graph_stats().replays, graphs ? n - n_prompt : 0);
+      }
+      veloxquant::detail::set_runtime_pdl(prev);
+    }
+    EXPECT_EQ(out[1][0], out[0][0]) << "eager calls";
+    EXPECT_EQ(out[1][1], out[0][1]) << "graph replays";
+    EXPECT_EQ(out[1][1], out[1][0]) << "graph replays against eager calls";
+    EXPECT_TRUE(all_finite(out[1][1]));
+  }
+}
 
 // ---- errors ------------------------------------------------------------------------------
 

@@ -283,12 +283,14 @@ void write_tiny_checkpoint(const TinySpec& s, const std::filesystem::path& dir) 
   normal("model.norm.weight", {H}, 0.1, 1.0);
   if (!s.tied) normal("lm_head.weight", {V, H}, 1.0 / std::sqrt(double(H)));
 
-  // Store in the checkpoint dtype.
-  const DType dt = s.dtype == "float32" ? DType::F32 : s.dtype == "float16" ? DType::F16 : DType::BF16;
+  // Store in the checkpoint dtype (k_proj_dtype: the k projections in another).
+  auto dtype_of = [](const std::string& n) { return n == "float32" ? DType::F32 : n == "float16" ? DType::F16 : DType::BF16; };
   std::vector<std::vector<uint8_t>> storage(params.size());
   std::vector<veloxquant::NamedTensor> named;
   for (size_t i = 0; i < params.size(); ++i) {
     const auto& p = params[i];
+    const bool k_proj = !s.k_proj_dtype.empty() && p.name.find("self_attn.k_proj.weight") != std::string::npos;
+    const DType dt = dtype_of(k_proj ? s.k_proj_dtype : s.dtype);
     auto& buf = storage[i];
     buf.resize(p.values.size() * size_t(veloxquant::dtype_size(dt)));
     for (size_t k = 0; k < p.values.size(); ++k) {

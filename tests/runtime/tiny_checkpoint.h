@@ -34,6 +34,7 @@ struct TinySpec {
   bool qk_norm = false;      ///< q_norm / k_norm (Qwen3)
   int64_t sliding_window = 0;  ///< Mistral: written when > 0
   std::string dtype = "float32";  ///< float32, float16, bfloat16
+  std::string k_proj_dtype;  ///< "": as dtype; else the dtype of every self_attn.k_proj.weight (a mixed-dtype checkpoint)
   int n_shards = 1;          ///< > 1: model-0000i-of-0000n.safetensors + index
   bool add_bos = true;       ///< tokenizer adds <|bos|>
   uint64_t seed = 1;

@@ -154,9 +154,11 @@ int run_generate(const GenerateArgs& a) {
     if (cuda_model && s.decode_steps > 0) {
       const DecodeGraphStats g = cuda_model->graph_stats();
       if (g.replays > 0)
-        std::fprintf(stderr, "decode steps: %lld CUDA graph replays, %lld captures (%lld instantiated), %lld eager\n",
-                     (long long)g.replays, (long long)g.captures, (long long)g.instantiations,
-                     (long long)g.eager_steps);
+        std::fprintf(stderr,
+                     "decode steps: %lld CUDA graph replays (%lld kernels a step), %lld captures (%lld instantiated), "
+                     "%lld eager\n",
+                     (long long)g.replays, (long long)g.kernel_nodes, (long long)g.captures,
+                     (long long)g.instantiations, (long long)g.eager_steps);
       else
         std::fprintf(stderr, "decode steps: launched from the host (%s)\n",
                      (!g.off_reason.empty() ? g.off_reason : g.last_eager_reason).c_str());

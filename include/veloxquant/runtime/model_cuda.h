@@ -52,6 +52,7 @@ struct DecodeGraphStats {
   int64_t instantiations = 0;  ///< captures instantiated anew (the others updated the graph in place)
   int64_t replays = 0;         ///< decode calls served by a graph replay
   int64_t eager_steps = 0;     ///< one-token calls with caches that ran eagerly
+  int64_t kernel_nodes = 0;    ///< kernels in the last captured step (the products' included): its launches
   std::string off_reason;      ///< why graphs are off for this model ("" while they are on)
   std::string last_eager_reason;  ///< why the last eager one-token call was not a replay
 };
