@@ -10,10 +10,7 @@
 // sees them (each call waits for its logits). Eager and graph models alternate over --reps
 // rounds; the best round of each is printed with the ratio.
 //
-//   bench_runtime_decode [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N] [--no-pdl]
-//
-// --no-pdl launches the decoder's own kernels plainly instead of as programmatic dependents of
-// the kernel before them (detail::set_runtime_pdl), for an A/B of that launch in one binary.
+//   bench_runtime_decode [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -24,7 +21,6 @@
 #include <string>
 #include <vector>
 
-#include "core/cuda_decoder.h"
 #include "runtime/tiny_checkpoint.h"
 #include "veloxquant/cuda_cache.h"
 #include "veloxquant/error.h"
@@ -86,10 +82,8 @@ int main(int argc, char** argv) {
     else if (a == "--ctx") ctx = std::stoll(next());
     else if (a == "--steps") steps = std::stoll(next());
     else if (a == "--reps") reps = std::stoi(next());
-    else if (a == "--no-pdl") veloxquant::detail::set_runtime_pdl(false);
     else {
-      std::fprintf(stderr, "usage: %s [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N] [--no-pdl]\n",
-                   argv[0]);
+      std::fprintf(stderr, "usage: %s [--preset qwen0.5b|llama8b-2l|tiny] [--ctx N] [--steps N] [--reps N]\n", argv[0]);
       return 2;
     }
   }

@@ -120,10 +120,4 @@ class CudaDecoder {
 
 std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc);
 
-/// The decoder's own kernels that follow another kernel (the norms, q/k/v post-processing,
-/// SwiGLU, the attention output's rounding) launched as programmatic dependents of it on sm_90
-/// (their launch overlaps its tail; each waits for it before touching memory). On by default;
-/// returns the previous setting. For benchmarks' A/B (bench_runtime_decode --no-pdl) and tests.
-bool set_runtime_pdl(bool on);
-
 }  // namespace veloxquant::detail

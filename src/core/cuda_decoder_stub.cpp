@@ -9,5 +9,4 @@ std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc&) {
       "veloxquant was built without CUDA: the CUDA forward pass (--device cuda) needs a build with nvcc present "
       "(-DVQ_CUDA=ON)");
 }
-bool set_runtime_pdl(bool) { return false; }
 }  // namespace veloxquant::detail

@@ -44,7 +44,6 @@
 
 #include "core/cuda_decoder.h"
 #include "cuda/cuda_util.cuh"
-#include <atomic>
 #include "veloxquant/attention.h"
 #include "veloxquant/cache.h"
 #include "veloxquant/cuda_cache.h"
@@ -129,7 +128,6 @@ __global__ void embed_kernel(const void* table, DType dt, const int32_t* tokens,
 // read and written by the same thread.
 __global__ void add_rmsnorm_kernel(float* x, const float* add, const float* bias, const float* w, void* out,
                                    DType out_dt, int dim, float eps) {
-  cuda::grid_dep_wait();  // (a programmatic dependent launch: the kernel before it has finished)
   const int64_t r = blockIdx.x;
   float* xr = x + r * dim;
   float ss = 0.0f;
@@ -168,7 +166,6 @@ __global__ void qkv_post_kernel(const float* __restrict__ y, const float* __rest
                                 const float* __restrict__ q_norm, const float* __restrict__ k_norm, float* q, float* k,
                                 float* v, int64_t T, int nh, int nkv, int hd, float eps, const float* cos_t,
                                 const float* sin_t, int64_t start, const int32_t* start_dev) {
-  cuda::grid_dep_wait();
   if (start_dev) start = *start_dev;
   const int heads = nh + 2 * nkv, half = hd / 2, lane = threadIdx.x & 31;
   const int64_t w = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
@@ -225,7 +222,6 @@ __global__ void qkv_post_kernel(const float* __restrict__ y, const float* __rest
 // product's input): gu holds the fused gate/up product's rows [T, 2·I], gate first.
 __global__ void silu_mul_kernel(const float* gu, const float* b_gate, const float* b_up, void* out, DType out_dt,
                                 int64_t T, int64_t I) {
-  cuda::grid_dep_wait();
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= T * I) return;
   const int64_t t = idx / I, i = idx % I;
@@ -236,7 +232,6 @@ __global__ void silu_mul_kernel(const float* gu, const float* b_gate, const floa
 }
 
 __global__ void round_kernel(const float* x, void* out, DType dt, int64_t n) {
-  cuda::grid_dep_wait();
   const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < n) cuda::store_f(out, dt, i, x[i]);
 }
@@ -308,8 +303,6 @@ __global__ void window_attention_kernel(const float* __restrict__ q, const float
 
 constexpr int kThreads = 256;
 inline unsigned blocks_for(int64_t n) { return unsigned((n + kThreads - 1) / kThreads); }
-
-std::atomic<bool> g_runtime_pdl{true};
 
 void window_attention(const float* q, const float* k, const float* v, float* out, int T, int nh, int nkv, int hd,
                       const SdpaParams& sp, cudaStream_t stream) {
@@ -414,13 +407,6 @@ class CudaDecoderImpl final : public CudaDecoder {
                        << d.head_dim);
     VQ_CUDA_CHECK(cudaSetDevice(d.device.index));
     s_ = runtime_stream(d.device.index);
-    {  // programmatic dependent launches need the kernels' own sm_90 code (grid_dep_wait)
-      int major = 0;
-      VQ_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, d.device.index));
-      cudaFuncAttributes fa{};
-      VQ_CUDA_CHECK(cudaFuncGetAttributes(&fa, add_rmsnorm_kernel));
-      pdl_capable_ = major >= 9 && fa.binaryVersion >= 90;
-    }
     VQ_CUBLAS(cublasCreate(&blas_));
     VQ_CUBLAS(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH));  // no TF32 with CUBLAS_COMPUTE_32F
     VQ_CUBLAS(cublasSetStream(blas_, s_));
@@ -767,15 +753,16 @@ class CudaDecoderImpl final : public CudaDecoder {
     gemm_in(in_.p, T, L.wqkv, qkv_.as<float>());
     const unsigned blocks = unsigned((T * (nh + 2 * nkv) * 32 + kThreads - 1) / kThreads);
     auto launch = [&](auto kernel) {
-      launch_dep("qkv_post", kernel, blocks, kThreads, static_cast<const float*>(qkv_.as<float>()), L.bqkv,
-                 d_.qk_norm ? L.q_norm : nullptr, d_.qk_norm ? L.k_norm : nullptr, q_.as<float>(), k_.as<float>(),
-                 v_.as<float>(), T, nh, nkv, hd, d_.rms_eps, static_cast<const float*>(rope_cos_.as<float>()),
-                 static_cast<const float*>(rope_sin_.as<float>()), start, start_dev);
+      kernel<<<blocks, kThreads, 0, s_>>>(qkv_.as<float>(), L.bqkv, d_.qk_norm ? L.q_norm : nullptr,
+                                          d_.qk_norm ? L.k_norm : nullptr, q_.as<float>(), k_.as<float>(),
+                                          v_.as<float>(), T, nh, nkv, hd, d_.rms_eps, rope_cos_.as<float>(),
+                                          rope_sin_.as<float>(), start, start_dev);
     };
     if (hd <= 64) launch(qkv_post_kernel<1>);
     else if (hd <= 128) launch(qkv_post_kernel<2>);
     else if (hd <= 256) launch(qkv_post_kernel<4>);
     else launch(qkv_post_kernel<8>);
+    check_launch("qkv_post");
   }
 
   /// The output product from att_, the residual, the post-attention norm, the stacked gate/up
@@ -788,15 +775,16 @@ class CudaDecoderImpl final : public CudaDecoder {
     float *h = h_.as<float>(), *att = att_.as<float>();
     const void* a = att;
     if (L.wo.dtype != DType::F32) {
-      launch_dep("round", round_kernel, blocks_for(T * L.wo.cols), kThreads, static_cast<const float*>(att), in_.p,
-                 L.wo.dtype, T * L.wo.cols);
+      round_kernel<<<blocks_for(T * L.wo.cols), kThreads, 0, s_>>>(att, in_.p, L.wo.dtype, T * L.wo.cols);
+      check_launch("round");
       a = in_.p;
     }
     gemm_in(a, T, L.wo, h);
     add_norm(T, h, L.bo, L.post_norm, L.w_gate_up.dtype);
     gemm_in(in_.p, T, L.w_gate_up, gu_.as<float>());
-    launch_dep("silu_mul", silu_mul_kernel, blocks_for(T * I), kThreads, static_cast<const float*>(gu_.as<float>()),
-               L.b_gate, L.b_up, in_.p, L.w_down.dtype, T, I);
+    silu_mul_kernel<<<blocks_for(T * I), kThreads, 0, s_>>>(gu_.as<float>(), L.b_gate, L.b_up, in_.p,
+                                                            L.w_down.dtype, T, I);
+    check_launch("silu_mul");
     gemm_in(in_.p, T, L.w_down, h);
     norm_for(l + 1, T, h, L.b_down);
   }
@@ -811,8 +799,9 @@ class CudaDecoderImpl final : public CudaDecoder {
   void add_norm(int64_t T, const float* add, const float* bias, const float* w, DType out_dt) {
     const int64_t dim = d_.hidden;
     const int threads = dim >= 256 ? 256 : (dim >= 128 ? 128 : (dim >= 64 ? 64 : 32));
-    launch_dep("add_rmsnorm", add_rmsnorm_kernel, unsigned(T), unsigned(threads), x_.as<float>(), add, bias, w, in_.p,
-               out_dt, int(dim), d_.rms_eps);
+    add_rmsnorm_kernel<<<unsigned(T), threads, 0, s_>>>(x_.as<float>(), add, bias, w, in_.p, out_dt, int(dim),
+                                                         d_.rms_eps);
+    check_launch("add_rmsnorm");
   }
 
   /// Host → device and device → host copies on the stream, waited for.
@@ -910,27 +899,6 @@ class CudaDecoderImpl final : public CudaDecoder {
     ++bufs_gen_;  // (a captured step reads the old buffers' addresses)
   }
 
-  /// Launches one of the decoder's kernels that follow another kernel on the stream: as its
-  /// programmatic dependent where the device and build allow it and set_runtime_pdl is on (the
-  /// kernel's first instruction is grid_dep_wait), else plainly.
-  template <class... P, class... A>
-  void launch_dep(const char* what, void (*kernel)(P...), unsigned grid, unsigned block, A&&... args) {
-    cudaLaunchAttribute attr{};
-    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr.val.programmaticStreamSerializationAllowed = 1;
-    cudaLaunchConfig_t cfg{};
-    cfg.gridDim = dim3(grid);
-    cfg.blockDim = dim3(block);
-    cfg.stream = s_;
-    cfg.attrs = &attr;
-    cfg.numAttrs = pdl_capable_ && g_runtime_pdl.load() ? 1 : 0;
-    const cudaError_t e = cudaLaunchKernelEx(&cfg, kernel, std::forward<A>(args)...);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      VQ_THROW(CudaError, "runtime forward: launching " << what << " failed: " << cudaGetErrorString(e));
-    }
-  }
-
   /// y [n, w.rows] = in [n, w.cols] · wᵀ, `in` already in w's dtype (f32, or the activations
   /// rounded to the weights' half type by the kernel that wrote them). Column-major view:
   /// y(w.rows × n) = W(cols × rows)ᵀ · in(cols × n), so both operands are read as stored.
@@ -958,7 +926,6 @@ class CudaDecoderImpl final : public CudaDecoder {
   // product's weight dtype), h_ a product's f32 rows, qkv_ / gu_ the stacked products' rows
   DevBuf x_, in_, h_, qkv_, q_, k_, v_, att_, gu_, logits_, tok_;
   int64_t cap_ = 0;
-  bool pdl_capable_ = false;
   std::vector<float> hq_, hk_, hv_, ho_;
   // decode steps through a graph: the instantiated step, what it was captured against (caches,
   // their capture keys, the attention parameters, the buffers' and RoPE table's generations),
@@ -977,8 +944,6 @@ class CudaDecoderImpl final : public CudaDecoder {
 };
 
 }  // namespace
-
-bool set_runtime_pdl(bool on) { return g_runtime_pdl.exchange(on); }
 
 std::unique_ptr<CudaDecoder> create_cuda_decoder(const CudaDecoderDesc& desc) {
   return std::make_unique<CudaDecoderImpl>(desc);
