@@ -658,7 +658,6 @@ class CudaCacheBase : public CudaKVCache {
     const int rmode = cuda::prefill_rows_mode();
     const bool held = holds_every_row();
     if (rmode == cuda::kRowsOff || capturing() || !(held || can_materialize())) return false;
-    if (!held && steps_captured_ && !device_lengths_are_host_ones()) return false;
     const int D = config_.head_dim, H = int(q.shape[1]), Q = int(q.shape[2]), G = H / n_kv_heads_;
     const cuda::AttnConfigKey rows_key{D, 4, 8, 4, 8, 1};  // the fp16 cache's: exact rows
     if (!cuda::prefill_rows_compiled(D)) return false;
@@ -680,6 +679,8 @@ class CudaCacheBase : public CudaKVCache {
     const int64_t cap = offset();  // >= every device length: the device's only trail the host's (failed deferred updates)
     const size_t side = size_t(batch_ * n_kv_heads_ * cap * D) * dtype_size(config_.storage_dtype);
     if (cap == 0 || 2 * side > size_t(cuda::rows_workspace_limit())) return false;
+    // (after the cheap gates: this one waits for the stream)
+    if (steps_captured_ && !device_lengths_are_host_ones()) return false;
     void* ws = cuda::rows_workspace_alloc(device_.index, 2 * side, stream_);
     if (ws == nullptr) return false;
     try {
