@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -95,11 +96,36 @@ struct Rng {
     return z ^ (z >> 31);
   }
   double uniform() { return double(next() >> 11) * (1.0 / 9007199254740992.0); }
-  double normal() {  // Box–Muller, one value per call
+  double normal() {  // Box–Muller, one value per call (two draws)
     const double u1 = std::max(uniform(), 1e-300), u2 = uniform();
     return std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * 3.14159265358979323846 * u2);
   }
+  /// The generator as it will be after n more draws (splitmix64's state only counts draws).
+  Rng skipped(uint64_t n) const {
+    Rng r = *this;
+    r.s += n * 0x9E3779B97F4A7C15ull;
+    return r;
+  }
 };
+
+/// fn(begin, end) over [0, n) in contiguous chunks on up to hardware_concurrency threads (one
+/// below 2^20 items). The large presets of bench_runtime_decode (~0.4 G values) are written in
+/// seconds on the GPU machine's 16 cores instead of ~17 s; chunking never changes a value.
+unsigned g_writer_threads = 0;  // set_tiny_writer_threads
+
+template <typename Fn>
+void parallel_chunks(size_t n, Fn&& fn) {
+  const unsigned want = g_writer_threads ? g_writer_threads : std::thread::hardware_concurrency();
+  const size_t threads = n < (size_t(1) << 20) ? 1 : std::clamp<size_t>(want, 1, 32);
+  if (threads == 1) {
+    fn(size_t(0), n);
+    return;
+  }
+  std::vector<std::thread> pool;
+  const size_t per = (n + threads - 1) / threads;
+  for (size_t b = 0; b < n; b += per) pool.emplace_back([&fn, b, e = std::min(n, b + per)] { fn(b, e); });
+  for (auto& t : pool) t.join();
+}
 
 // ---- the byte-level BPE tokenizer ----------------------------------------------------------
 // GPT-2's byte <-> printable-unicode map.
@@ -241,6 +267,12 @@ void write_text(const std::filesystem::path& p, const std::string& s) {
 
 }  // namespace
 
+unsigned set_tiny_writer_threads(unsigned n) {
+  const unsigned prev = g_writer_threads;
+  g_writer_threads = n;
+  return prev;
+}
+
 void write_tiny_checkpoint(const TinySpec& s, const std::filesystem::path& dir) {
   std::filesystem::create_directories(dir);
   const int hd = s.head_dim > 0 ? s.head_dim : s.hidden / s.n_heads;
@@ -250,7 +282,12 @@ void write_tiny_checkpoint(const TinySpec& s, const std::filesystem::path& dir) 
     int64_t n = 1;
     for (auto d : shape) n *= d;
     Param p{name, shape, std::vector<float>(size_t(n))};
-    for (auto& x : p.values) x = float(mean + stddev * rng.normal());
+    // value k is the k-th normal of one stream (two draws each), whichever thread computes it
+    parallel_chunks(p.values.size(), [&](size_t b, size_t e) {
+      Rng r = rng.skipped(2 * b);
+      for (size_t k = b; k < e; ++k) p.values[k] = float(mean + stddev * r.normal());
+    });
+    rng = rng.skipped(2 * p.values.size());
     params.push_back(std::move(p));
   };
   const int H = s.hidden, I = s.intermediate, V = kTinyVocab;
@@ -293,14 +330,17 @@ void write_tiny_checkpoint(const TinySpec& s, const std::filesystem::path& dir) 
     const DType dt = dtype_of(k_proj ? s.k_proj_dtype : s.dtype);
     auto& buf = storage[i];
     buf.resize(p.values.size() * size_t(veloxquant::dtype_size(dt)));
-    for (size_t k = 0; k < p.values.size(); ++k) {
-      if (dt == DType::F32) {
-        std::memcpy(buf.data() + 4 * k, &p.values[k], 4);
-      } else {
-        const uint16_t h = dt == DType::F16 ? veloxquant::float_to_half(p.values[k]) : veloxquant::float_to_bf16(p.values[k]);
-        std::memcpy(buf.data() + 2 * k, &h, 2);
+    parallel_chunks(p.values.size(), [&](size_t b, size_t e) {
+      for (size_t k = b; k < e; ++k) {
+        if (dt == DType::F32) {
+          std::memcpy(buf.data() + 4 * k, &p.values[k], 4);
+        } else {
+          const uint16_t h =
+              dt == DType::F16 ? veloxquant::float_to_half(p.values[k]) : veloxquant::float_to_bf16(p.values[k]);
+          std::memcpy(buf.data() + 2 * k, &h, 2);
+        }
       }
-    }
+    });
     named.emplace_back(p.name, veloxquant::TensorView(buf.data(), dt, p.shape));
   }
   const std::map<std::string, std::string> st_meta{{"format", "pt"}};

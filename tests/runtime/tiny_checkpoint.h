@@ -51,6 +51,12 @@ constexpr int kTinyBos = 256 + kTinyMerges;
 constexpr int kTinyEos = 256 + kTinyMerges + 1;
 
 /// Writes the checkpoint of `spec` into `dir` (created; existing files overwritten).
+/// Tensors of 2^20 values or more are drawn and converted on several threads, each starting
+/// at its chunk's place in the one random stream, so the files do not depend on the count.
 void write_tiny_checkpoint(const TinySpec& spec, const std::filesystem::path& dir);
+
+/// The writer's thread count for large tensors (0: hardware_concurrency, the default); returns
+/// the previous setting. For the test that the files do not depend on it.
+unsigned set_tiny_writer_threads(unsigned n);
 
 }  // namespace vqtest
