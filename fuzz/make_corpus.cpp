@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "veloxquant/artifact.h"
+#include "veloxquant/fp16_cache.h"
 #include "veloxquant/safetensors.h"
+#include "veloxquant/vecinfer_cache.h"
 
 using namespace veloxquant;
 
@@ -18,6 +20,58 @@ static void write(const std::string& path, const std::vector<uint8_t>& b) {
   }
   std::fwrite(b.data(), 1, b.size(), f);
   std::fclose(f);
+}
+
+// A cache's state and meta_state as one safetensors image (what fuzz_cache_state reads).
+static std::vector<uint8_t> state_image(const KVCache& c) {
+  const CacheState s = c.state();
+  std::vector<NamedTensor> ts;
+  for (const auto& [n, t] : s) ts.emplace_back(n, t.view());
+  return serialize_safetensors(ts, c.meta_state());
+}
+
+// Small caches of both classes in every mode, empty, inside the window, past it and trimmed:
+// head_dim 8, 2 kv heads, keys d2b3, values d4b2, a window of 2, step 4.
+static void write_cache_states(const std::string& dir) {
+  auto tokens = [](int64_t n, int64_t seed) {
+    Tensor t = Tensor::zeros({1, 2, n, 8}, DType::F32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.ptr<float>()[i] = float((i * 7 + seed) % 11) * 0.25f - 1.0f;
+    return t;
+  };
+  const char* modes[] = {"standard", "stash", "memory_bound"};
+  for (int m = 0; m < 3; ++m) {
+    KVCacheConfig c;
+    c.head_dim = 8;
+    c.n_kv_heads = 2;
+    c.key_sub_dim = 2;
+    c.key_codebook_bits = 3;
+    c.value_sub_dim = 4;
+    c.value_codebook_bits = 2;
+    c.residual_length = 2;
+    c.step = 4;
+    c.n_threads = 1;
+    c.fused_sdpa = m > 0;
+    c.fused_sdpa_memory_bound = m == 2;
+    for (int64_t n : {0, 1, 5}) {
+      VecInferKVCache v(c);
+      if (n > 0) v.update(tokens(n, 1).view(), tokens(n, 2).view());
+      write(dir + "/cache_state/vecinfer_" + modes[m] + "_" + std::to_string(n) + ".safetensors", state_image(v));
+      if (n == 5) {
+        v.trim(2);
+        write(dir + "/cache_state/vecinfer_" + modes[m] + "_trimmed.safetensors", state_image(v));
+      }
+    }
+  }
+  KVCacheConfig f;
+  f.kind = CacheKind::FP16;
+  f.head_dim = 8;
+  f.step = 4;
+  f.storage_dtype = DType::BF16;
+  for (int64_t n : {0, 3}) {
+    FP16KVCache c(f);
+    if (n > 0) c.update(tokens(n, 3).view(), tokens(n, 4).view());
+    write(dir + "/cache_state/fp16_" + std::to_string(n) + ".safetensors", state_image(c));
+  }
 }
 
 static std::vector<uint8_t> raw(const std::string& header, size_t data_bytes) {
@@ -36,6 +90,8 @@ int main(int argc, char** argv) {
   const std::string dir = argv[1];
   std::filesystem::create_directories(dir + "/safetensors");
   std::filesystem::create_directories(dir + "/artifact");
+  std::filesystem::create_directories(dir + "/cache_state");
+  write_cache_states(dir);
 
   // --- safetensors
   std::vector<float> f32 = {1.5f, -2.0f, 0.25f, 3.0f, 4.0f, -5.0f};

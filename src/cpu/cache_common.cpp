@@ -2,7 +2,10 @@
 #include "cpu/cache_common.h"
 
 #include <cmath>
+#include <limits>
 #include <vector>
+
+#include <unistd.h>
 
 #include "cpu/simd_util.h"
 #include "veloxquant/error.h"
@@ -97,6 +100,30 @@ int64_t meta_int(const CacheMetaState& m, const std::string& key) {
   }
   VQ_CHECK_FORMAT(pos == s.size() && !s.empty(), "meta_state: \"" << key << "\" = \"" << s << "\" is not an integer");
   return int64_t(v);
+}
+
+int meta_int32(const CacheMetaState& m, const std::string& key) {
+  const int64_t v = meta_int(m, key);
+  VQ_CHECK_FORMAT(v >= std::numeric_limits<int>::min() && v <= std::numeric_limits<int>::max(),
+                  "meta_state: \"" << key << "\" = " << v << " is out of range");
+  return int(v);
+}
+
+int64_t checked_restore_bytes(std::initializer_list<int64_t> factors, const std::string& what) {
+  static const int64_t kPhysical = [] {
+    const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? int64_t(pages) * int64_t(page) : std::numeric_limits<int64_t>::max();
+  }();
+  int64_t bytes = 1;
+  bool overflow = false;
+  for (int64_t f : factors) {
+    VQ_CHECK_FORMAT(f >= 0, what << ": a negative size (" << f << ")");
+    overflow = overflow || __builtin_mul_overflow(bytes, f, &bytes);
+  }
+  VQ_CHECK_FORMAT(!overflow && bytes <= kPhysical,
+                  what << " would take " << (overflow ? std::string("more than 2^63") : std::to_string(bytes))
+                       << " bytes, more than this machine's " << kPhysical << " bytes of memory");
+  return bytes;
 }
 
 CacheMetaState vecinfer_meta_state(const VecInferMeta& m, const KVCacheConfig& config) {

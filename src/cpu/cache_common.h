@@ -2,6 +2,8 @@
 // CPU caches (fp16_cache.cpp, vecinfer_cache.cpp).
 #pragma once
 
+#include <initializer_list>
+
 #include <cstdint>
 #include <string>
 
@@ -25,11 +27,20 @@ KVDims check_kv_update(const TensorView& keys, const TensorView& values, int64_t
 /// Converts n f32 values to dtype dt at dst (contiguous), rounding to nearest even.
 void store_row_from_f32(const float* src, int64_t n, void* dst, DType dt);
 
-/// round_up(n, step) (n >= 0, step >= 1).
+/// round_up(n, step) (n >= 0, step >= 1; n + step − 1 must fit in int64: restore checks it).
 inline int64_t round_up(int64_t n, int64_t step) { return (n + step - 1) / step * step; }
 
 /// meta_state access: throws FormatError naming the key when missing or not an integer.
 int64_t meta_int(const CacheMetaState& m, const std::string& key);
+/// An integer field held as int (head_dim, n_kv_heads, bits, sub_dims, residual_length):
+/// FormatError naming the key when it does not fit in an int.
+int meta_int32(const CacheMetaState& m, const std::string& key);
+/// A restored cache's allocation, checked before anything is allocated: the product of
+/// `factors` (batch, n_kv_heads, token slots, bytes a slot, ...; each >= 0) as bytes, or
+/// FormatError naming `what` when it overflows or exceeds this machine's physical memory.
+/// The token slots come from meta_state ("capacity", "step", "residual_length"), which no
+/// tensor of the state backs: a small file must not make the loader allocate terabytes.
+int64_t checked_restore_bytes(std::initializer_list<int64_t> factors, const std::string& what);
 /// Unsigned 64-bit field (seeds): the full range, no sign.
 uint64_t meta_uint64(const CacheMetaState& m, const std::string& key);
 std::string meta_str(const CacheMetaState& m, const std::string& key);

@@ -2,6 +2,7 @@
 #include "veloxquant/fp16_cache.h"
 
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/attention_internal.h"
@@ -153,8 +154,8 @@ void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
   VQ_CHECK_FORMAT(meta_str(meta, "class") == class_name(),
                   "meta_state: class \"" << meta_str(meta, "class") << "\" cannot be restored into a " << class_name());
   KVCacheConfig c = config_;
-  c.head_dim = int(meta_int(meta, "head_dim"));
-  c.n_kv_heads = int(meta_int(meta, "n_kv_heads"));
+  c.head_dim = meta_int32(meta, "head_dim");
+  c.n_kv_heads = meta_int32(meta, "n_kv_heads");
   c.step = meta_int(meta, "step");
   try {
     c.storage_dtype = dtype_from_name(meta_str(meta, "storage_dtype"));
@@ -182,6 +183,8 @@ void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
   }
   VQ_CHECK_FORMAT(state.size() == (batch > 0 ? 2u : 0u), "state: unexpected tensors (" << state.size()
                                                                                       << " given, expected keys and values)");
+  VQ_CHECK_FORMAT(offset <= std::numeric_limits<int64_t>::max() - c.step,
+                  "meta_state: offset=" << offset << " and step=" << c.step << " overflow");
   int64_t cap = batch > 0 ? std::max<int64_t>(round_up(offset, c.step), c.step) : 0;
   if (batch > 0 && meta.count("capacity")) {
     const int64_t mc = meta_int(meta, "capacity");
@@ -189,6 +192,13 @@ void FP16KVCache::restore(const CacheState& state, const CacheMetaState& meta) {
                     "meta_state: capacity=" << mc << " must be a positive multiple of step=" << c.step
                                             << " and >= offset=" << offset);
     cap = mc;
+  }
+  if (batch > 0) {  // what the new storage takes, before it is allocated
+    std::ostringstream what;
+    what << "meta_state: a cache of batch=" << batch << ", n_kv_heads=" << c.n_kv_heads << ", capacity=" << cap
+         << ", head_dim=" << c.head_dim;
+    checked_restore_bytes({batch, c.n_kv_heads, cap, 2 * c.head_dim * int64_t(dtype_size(c.storage_dtype))},
+                          what.str());
   }
   // Build the new storage, then swap in.
   Tensor nk, nv;

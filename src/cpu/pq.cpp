@@ -284,7 +284,10 @@ E4M3Codebook make_e4m3_codebook(const std::vector<float>& codebook) {
 I8Codebook make_i8_codebook(const std::vector<float>& codebook) {
   const float mx = finite_max_abs(codebook, "int8 codebook");
   I8Codebook r;
-  r.scale = mx > 0.0f ? mx / 127.0f : 1.0f;
+  r.scale = mx / 127.0f;
+  // a codebook of subnormals below 127 × the smallest subnormal has a scale that underflows
+  // to 0 (and 0/0 is NaN): it holds nothing an int8 grid can tell from zero
+  if (r.scale == 0.0f) r.scale = 1.0f;
   r.bytes.resize(codebook.size());
   r.decoded.resize(codebook.size());
   for (size_t i = 0; i < codebook.size(); ++i) {

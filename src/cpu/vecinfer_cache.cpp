@@ -13,6 +13,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <sstream>
 
 #include "core/attention_internal.h"
@@ -541,13 +542,13 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
                   "meta_state: mode \"" << mode << "\" is not standard, stash or memory_bound");
   c.fused_sdpa = mode != "standard";
   c.fused_sdpa_memory_bound = mode == "memory_bound";
-  c.head_dim = int(meta_int(meta, "head_dim"));
-  c.n_kv_heads = int(meta_int(meta, "n_kv_heads"));
-  c.key_codebook_bits = int(meta_int(meta, "key_codebook_bits"));
-  c.value_codebook_bits = int(meta_int(meta, "value_codebook_bits"));
-  c.key_sub_dim = int(meta_int(meta, "key_sub_dim"));
-  c.value_sub_dim = int(meta_int(meta, "value_sub_dim"));
-  c.residual_length = int(meta_int(meta, "residual_length"));
+  c.head_dim = meta_int32(meta, "head_dim");
+  c.n_kv_heads = meta_int32(meta, "n_kv_heads");
+  c.key_codebook_bits = meta_int32(meta, "key_codebook_bits");
+  c.value_codebook_bits = meta_int32(meta, "value_codebook_bits");
+  c.key_sub_dim = meta_int32(meta, "key_sub_dim");
+  c.value_sub_dim = meta_int32(meta, "value_sub_dim");
+  c.residual_length = meta_int32(meta, "residual_length");
   c.step = meta_int(meta, "step");
   c.fused_sdpa_max_ctx = meta_int(meta, "fused_sdpa_max_ctx");
   c.use_hadamard = meta_bool(meta, "use_hadamard");
@@ -598,6 +599,8 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
                                        << " are inconsistent");
   int64_t cap = 0;
   if (batch > 0) {
+    VQ_CHECK_FORMAT(offset <= std::numeric_limits<int64_t>::max() - c.step,
+                    "meta_state: offset=" << offset << " and step=" << c.step << " overflow");
     cap = std::max<int64_t>(round_up(offset, c.step), c.step);
     if (meta.count("capacity")) {
       const int64_t mc = meta_int(meta, "capacity");
@@ -610,6 +613,16 @@ void VecInferKVCache::restore(const CacheState& state, const CacheMetaState& met
   const ProductQuantizer kp(c.head_dim, c.key_spec(), *c.key_codebook);
   const ProductQuantizer vp(c.head_dim, c.value_spec(), *c.value_codebook);
   const int64_t H = c.n_kv_heads;
+  if (batch > 0) {  // what the buffers below take, before any tensor is read or allocated
+    const int64_t kv_row = 2 * D * dtype_size(c.storage_dtype), code_row = kp.code_bytes + vp.code_bytes;
+    const int64_t per_slot = m == CacheMode::Standard ? kv_row : m == CacheMode::Stash ? kv_row + code_row : code_row;
+    const int64_t per_window_slot = m == CacheMode::Standard ? code_row : m == CacheMode::MemoryBound ? kv_row : 0;
+    std::ostringstream what;
+    what << "meta_state: a cache of batch=" << batch << ", n_kv_heads=" << H << ", capacity=" << cap
+         << ", residual_length=" << R << ", head_dim=" << D;
+    const int64_t held = checked_restore_bytes({batch, H, cap, per_slot}, what.str());
+    checked_restore_bytes({held + checked_restore_bytes({batch, H, R, per_window_slot}, what.str())}, what.str());
+  }
   size_t expected = 2 + (H > 0 ? 1 : 0);
   const Tensor *t_kc = nullptr, *t_vc = nullptr, *t_pk = nullptr, *t_pv = nullptr, *t_k = nullptr, *t_v = nullptr,
                *t_wk = nullptr, *t_wv = nullptr;

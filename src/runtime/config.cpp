@@ -1,10 +1,13 @@
 // config.cpp — config.json / generation_config.json parsing and the RoPE frequency formulas.
 #include "veloxquant/runtime/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <numbers>
 #include <sstream>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -57,11 +60,42 @@ json parse_json(const std::string& text, const char* what) {
 
 bool present(const json& j, const char* key) { return j.contains(key) && !j.at(key).is_null(); }
 
+// j[key] as T. An integer field takes a JSON integer (or a float with an integral value) inside
+// T's range; nlohmann's get<int> would convert 3e24 or 2^40 without a word (the first is
+// undefined behaviour; found by fuzz_model_config).
+template <class T>
+T convert(const json& v, const char* key, const char* what) {
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    constexpr double lo = double(std::numeric_limits<T>::min()), hi = double(std::numeric_limits<T>::max()) + 1.0;
+    bool ok = false;
+    T out{};
+    if (v.is_number_unsigned()) {
+      const uint64_t u = v.get<uint64_t>();
+      ok = u <= uint64_t(std::numeric_limits<T>::max());
+      out = T(u);
+    } else if (v.is_number_integer()) {
+      const int64_t x = v.get<int64_t>();
+      ok = x >= int64_t(std::numeric_limits<T>::min()) && uint64_t(std::max<int64_t>(x, 0)) <= uint64_t(std::numeric_limits<T>::max());
+      out = T(x);
+    } else if (v.is_number_float()) {
+      const double d = v.get<double>();
+      ok = std::isfinite(d) && d == std::floor(d) && d >= lo && d < hi;
+      if (ok) out = T(d);
+    }
+    if (!ok)
+      VQ_THROW(FormatError, what << ": field '" << key << "' must be an integer in [" << +std::numeric_limits<T>::min()
+                                 << ", " << +std::numeric_limits<T>::max() << "], got " << v.dump());
+    return out;
+  } else {
+    return v.get<T>();
+  }
+}
+
 template <class T>
 T get_required(const json& j, const char* key, const char* what) {
   if (!present(j, key)) VQ_THROW(FormatError, what << ": missing required field '" << key << "'");
   try {
-    return j.at(key).get<T>();
+    return convert<T>(j.at(key), key, what);
   } catch (const json::exception&) {
     VQ_THROW(FormatError, what << ": field '" << key << "' has the wrong type (" << j.at(key).dump() << ")");
   }
@@ -71,7 +105,7 @@ template <class T>
 std::optional<T> get_optional(const json& j, const char* key, const char* what) {
   if (!present(j, key)) return std::nullopt;
   try {
-    return j.at(key).get<T>();
+    return convert<T>(j.at(key), key, what);
   } catch (const json::exception&) {
     VQ_THROW(FormatError, what << ": field '" << key << "' has the wrong type (" << j.at(key).dump() << ")");
   }
@@ -83,11 +117,11 @@ std::vector<int32_t> get_id_list(const json& j, const char* key, const char* wha
   if (!present(j, key)) return out;
   const json& v = j.at(key);
   if (v.is_number_integer()) {
-    out.push_back(v.get<int32_t>());
+    out.push_back(convert<int32_t>(v, key, what));
   } else if (v.is_array()) {
     for (const auto& e : v) {
       if (!e.is_number_integer()) VQ_THROW(FormatError, what << ": field '" << key << "' must hold integers, got " << v.dump());
-      out.push_back(e.get<int32_t>());
+      out.push_back(convert<int32_t>(e, key, what));
     }
   } else {
     VQ_THROW(FormatError, what << ": field '" << key << "' must be an integer or a list, got " << v.dump());
@@ -223,7 +257,7 @@ ModelConfig parse_model_config(const std::string& json_text) {
   c.torch_dtype = get_optional<std::string>(j, "torch_dtype", what)
                       .value_or(get_optional<std::string>(j, "dtype", what).value_or(""));
   if (present(j, "bos_token_id") && j.at("bos_token_id").is_number_integer())
-    c.bos_token_id = j.at("bos_token_id").get<int32_t>();
+    c.bos_token_id = convert<int32_t>(j.at("bos_token_id"), "bos_token_id", "config.json");
   c.eos_token_ids = get_id_list(j, "eos_token_id", what);
 
   // RoPE: rope_theta + rope_scaling (classic), or rope_parameters (newer configs).
@@ -301,7 +335,7 @@ GenerationConfig parse_generation_config(const std::string& json_text) {
   const json j = parse_json(json_text, what);
   GenerationConfig g;
   if (present(j, "bos_token_id") && j.at("bos_token_id").is_number_integer())
-    g.bos_token_id = j.at("bos_token_id").get<int32_t>();
+    g.bos_token_id = convert<int32_t>(j.at("bos_token_id"), "bos_token_id", "generation_config.json");
   g.eos_token_ids = get_id_list(j, "eos_token_id", what);
   g.temperature = get_optional<double>(j, "temperature", what);
   g.top_k = get_optional<int>(j, "top_k", what);

@@ -49,6 +49,19 @@ bool get_bool(const json& j, const char* key, bool def) {
   return it->get<bool>();
 }
 
+// Ids index dense tables here (and an embedding matrix in the model): 2^24 ids, 100x the largest
+// vocabularies in use (~256K), keeps a hostile file's "id": 2000000000 from asking for 64 GB.
+constexpr int64_t kMaxTokenIds = int64_t(1) << 24;
+
+// v as an integer in [0, end): a JSON integer, not a float (nlohmann's get<int> converts 1e91
+// with undefined behaviour; found by fuzz_tokenizer_json), FormatError naming `where` otherwise.
+int64_t get_index(const json& v, int64_t end, const std::string& where) {
+  const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() < uint64_t(end)
+                                         : v.is_number_integer() && v.get<int64_t>() >= 0 && v.get<int64_t>() < end;
+  VQ_CHECK_FORMAT(ok, "tokenizer.json: " << where << " must be an integer in [0, " << end << "), got " << v.dump());
+  return v.get<int64_t>();
+}
+
 // {"String": "..."} or {"Regex": "..."} → literal or compiled regex.
 void parse_pattern(const json& j, const std::string& where, std::string& literal, std::shared_ptr<Regex>& regex) {
   VQ_CHECK_FORMAT(j.is_object(), "tokenizer.json: " << where << ".pattern must be an object");
@@ -173,8 +186,8 @@ Decoder parse_decoder(const json& j, const std::string& where) {
   } else if (type == "Strip") {
     d.kind = Decoder::Kind::Strip;
     d.content = get_string(j, "content", where);
-    d.strip_start = j.at("start").get<size_t>();
-    d.strip_stop = j.at("stop").get<size_t>();
+    d.strip_start = size_t(get_index(j.at("start"), int64_t(1) << 31, where + ".start"));
+    d.strip_stop = size_t(get_index(j.at("stop"), int64_t(1) << 31, where + ".stop"));
   } else if (type == "Metaspace") {
     d.kind = Decoder::Kind::Metaspace;
     d.replacement = get_string(j, "replacement", where);
@@ -206,7 +219,8 @@ void parse_post_processor(const json& j, const std::string& where, const Tokeniz
         auto sp = specials.find(name);
         VQ_CHECK_FORMAT(sp != specials.end(),
                         "tokenizer.json: " << where << ": special token '" << name << "' missing from special_tokens");
-        for (const json& id : sp->at("ids")) (seen_a ? t.suffix : t.prefix).push_back(id.get<int32_t>());
+        for (const json& id : sp->at("ids"))
+          (seen_a ? t.suffix : t.prefix).push_back(int32_t(get_index(id, kMaxTokenIds, where + ": special token '" + name + "'")));
       } else if (auto q = item.find("Sequence"); q != item.end()) {
         VQ_CHECK_FORMAT(get_string(*q, "id", where + ".single") == "A" && !seen_a,
                         "tokenizer.json: " << where << ".single must hold sequence A exactly once");
@@ -222,8 +236,8 @@ void parse_post_processor(const json& j, const std::string& where, const Tokeniz
   } else if (type == "BertProcessing" || type == "RobertaProcessing") {
     const json& cls = j.at("cls");
     const json& sep = j.at("sep");
-    pp.prefix.insert(pp.prefix.begin(), cls.at(1).get<int32_t>());
-    pp.suffix.push_back(sep.at(1).get<int32_t>());
+    pp.prefix.insert(pp.prefix.begin(), int32_t(get_index(cls.at(1), kMaxTokenIds, where + ".cls")));
+    pp.suffix.push_back(int32_t(get_index(sep.at(1), kMaxTokenIds, where + ".sep")));
   } else {
     VQ_THROW(FormatError, "tokenizer.json: " << where << ".type '" << type << "' is not supported");
   }
@@ -237,8 +251,9 @@ void parse_bpe(const json& m, Bpe& bpe) {
   bpe.vocab.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
     VQ_CHECK_FORMAT(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
-                        it.value().get<int64_t>() < (int64_t{1} << 31),
-                    "tokenizer.json: model.vocab['" << it.key() << "'] must be a non-negative integer id");
+                        it.value().get<int64_t>() < kMaxTokenIds,
+                    "tokenizer.json: model.vocab['" << it.key() << "'] must be an integer id in [0, " << kMaxTokenIds
+                                                    << ")");
     bpe.vocab.emplace(it.key(), it.value().get<int32_t>());
   }
   const auto str_or = [&](const char* key) {
@@ -410,8 +425,7 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
       VQ_CHECK_FORMAT(at->is_array(), "tokenizer.json: added_tokens must be an array");
       for (const json& a : *at) {
         AddedToken t;
-        t.id = a.at("id").get<int32_t>();
-        VQ_CHECK_FORMAT(t.id >= 0, "tokenizer.json: added token id " << t.id << " is negative");
+        t.id = int32_t(get_index(a.at("id"), kMaxTokenIds, "added token id"));
         t.content = a.at("content").get<std::string>();
         t.special = get_bool(a, "special", false);
         t.lstrip = get_bool(a, "lstrip", false);
@@ -446,6 +460,9 @@ Tokenizer Tokenizer::from_json(std::string_view tokenizer_json, std::string_view
   int32_t max_id = -1;
   for (const auto& [tokstr, id] : impl->model.vocab) max_id = std::max(max_id, id);
   for (const auto& a : impl->added) max_id = std::max(max_id, a.id);
+  // the id tables below are dense: a file must not make them hold billions of entries
+  VQ_CHECK_FORMAT(max_id < kMaxTokenIds, "tokenizer.json: token id " << max_id << " is past the " << kMaxTokenIds
+                                                                      << " ids a tokenizer may have");
   impl->vocab_size = max_id + 1;
   impl->id_to_token.assign(static_cast<size_t>(impl->vocab_size), std::string());
   impl->has_token.assign(static_cast<size_t>(impl->vocab_size), false);

@@ -3,6 +3,8 @@
 // fused_sdpa against the oracle, errors that leave the cache unchanged.
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "cache/cache_test_util.h"
 #include "veloxquant/error.h"
 
@@ -162,6 +164,33 @@ TEST(FP16Cache, StateRoundTripAndFromState) {
   m["class"] = "QuantizedKVCache";
   EXPECT_THROW(e.restore(c.state(), m), FormatError);
   EXPECT_EQ(snapshot(e), before);
+}
+
+// As VecInferCache.RestoreRefusesSizesNoMachineHolds: capacity, step and batch from
+// meta_state are checked before they are allocated.
+TEST(FP16Cache, RestoreRefusesSizesNoMachineHolds) {
+  KVCacheConfig cfg;
+  cfg.kind = CacheKind::FP16;
+  cfg.head_dim = 16;
+  FP16KVCache c(cfg);
+  const Tensor k = Tensor::zeros({2, 3, 4, 16}, DType::F32);
+  c.update(k.view(), k.view());
+  c.trim(4);
+  const CacheState s = c.state();
+  const CacheMetaState m = c.meta_state();
+  EXPECT_NO_THROW(FP16KVCache::from_state(s, m));
+  for (auto [key, value] : {std::pair<std::string, std::string>{"capacity", std::to_string(int64_t(1) << 40)},
+                            {"capacity", std::to_string(int64_t(1) << 62)},
+                            {"batch", std::to_string(int64_t(1) << 40)},
+                            {"step", std::to_string(std::numeric_limits<int64_t>::max())},
+                            {"head_dim", std::to_string((int64_t(1) << 32) + 16)}}) {
+    auto m2 = m;
+    m2[key] = value;
+    if (key == "step") m2.erase("capacity");
+    EXPECT_THROW(c.restore(s, m2), FormatError) << key << "=" << value;
+    EXPECT_EQ(c.batch(), 2);
+    EXPECT_EQ(c.meta_state(), m);
+  }
 }
 
 TEST(FP16Cache, BadUpdatesThrowAndLeaveTheCacheUnchanged) {

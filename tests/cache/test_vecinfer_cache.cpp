@@ -287,6 +287,42 @@ TEST(VecInferCache, BadRestoreLeavesTheCacheUnchanged) {
   EXPECT_EQ(snapshot(d), before);
 }
 
+// A state's token slots (capacity, step, residual_length) and batch are meta_state strings that no
+// tensor backs: restore checks what they would allocate before allocating it (found while
+// writing fuzz_cache_state, with crafted inputs: capacity=2^40 asked a 500-byte file's loader for
+// 2 TB, 2^62 overflowed the shape's product), and integer fields held as int must fit one.
+TEST(VecInferCache, RestoreRefusesSizesNoMachineHolds) {
+  std::mt19937_64 rng(16);
+  for (CacheMode mode : {CacheMode::Standard, CacheMode::Stash, CacheMode::MemoryBound}) {
+    VecInferKVCache c(vq_config(mode, 64, 8));
+    KV a = random_kv(2, 2, 5, 64, DType::F16, false, rng);
+    c.update(a.k.view, a.v.view);
+    c.trim(5);  // batch 2, no tokens: nothing in the state backs batch or capacity
+    const CacheState s = c.state();
+    const CacheMetaState m = c.meta_state();
+    const Snapshot before = snapshot(c);
+    EXPECT_NO_THROW(VecInferKVCache::from_state(s, m));
+    auto bad = [&](const char* key, const std::string& value, const char* named) {
+      auto m2 = m;
+      m2[key] = value;
+      if (std::string(key) == "step") m2.erase("capacity");  // else: "not a multiple of step"
+      const std::string e = error_of([&] { c.restore(s, m2); });
+      EXPECT_NE(e.find(named), std::string::npos) << key << "=" << value << ": " << e;
+      EXPECT_THROW(VecInferKVCache::from_state(s, m2), FormatError) << key << "=" << value;
+      EXPECT_EQ(snapshot(c), before);
+    };
+    bad("capacity", std::to_string(int64_t(1) << 40), "capacity=1099511627776");
+    bad("capacity", std::to_string(int64_t(1) << 62), "more than 2^63");
+    bad("step", std::to_string(int64_t(1) << 41), "this machine's");
+    bad("batch", std::to_string(int64_t(1) << 40), "batch=1099511627776");
+    if (mode != CacheMode::Stash)  // the window's own slots (Stash keeps it in the full keys)
+      bad("residual_length", "2000000000", "residual_length=2000000000");
+    bad("step", std::to_string(std::numeric_limits<int64_t>::max()), "this machine's");
+    bad("head_dim", std::to_string((int64_t(1) << 32) + 64), "out of range");
+    bad("n_kv_heads", "-4294967294", "out of range");
+  }
+}
+
 TEST(VecInferCache, BadInputsThrowNamingThemAndLeaveTheCacheUnchanged) {
   std::mt19937_64 rng(15);
   KVCacheConfig cf = vq_config(CacheMode::Stash, 64, 8);

@@ -86,6 +86,20 @@ TEST(RuntimeConfig, ErrorsNameTheField) {
   expect_error_naming<UnsupportedError>(base_config(R"(, "layer_types": ["sliding_attention"])"), "layer_types");
 }
 
+// Integer fields take integers inside their type's range: 3e24 (a JSON float; converting it to
+// int was undefined behaviour, found by fuzz_model_config), 2^40 or a fractional value are
+// FormatErrors naming the field; an integral float is the integer it spells.
+TEST(RuntimeConfig, IntegerFieldsOutOfRangeNameTheField) {
+  expect_error_naming<FormatError>(base_config(R"(, "hidden_size": 3355555555555555555555555)"), "hidden_size");
+  expect_error_naming<FormatError>(base_config(R"(, "num_hidden_layers": 1099511627776)"), "num_hidden_layers");
+  expect_error_naming<FormatError>(base_config(R"(, "vocab_size": 100.5)"), "vocab_size");
+  expect_error_naming<FormatError>(base_config(R"(, "num_attention_heads": -4294967292)"), "num_attention_heads");
+  expect_error_naming<FormatError>(base_config(R"(, "eos_token_id": [5, 4294967301])"), "eos_token_id");
+  expect_error_naming<FormatError>(base_config(R"(, "max_position_embeddings": 1e300)"), "max_position_embeddings");
+  EXPECT_EQ(parse_model_config(base_config(R"(, "max_position_embeddings": 4096.0)")).max_position_embeddings, 4096);
+  EXPECT_THROW(parse_generation_config(R"({"eos_token_id": 9999999999})"), FormatError);
+}
+
 TEST(RuntimeConfig, GenerationConfig) {
   const GenerationConfig g =
       parse_generation_config(R"({"bos_token_id": 1, "eos_token_id": [2, 3], "temperature": 0.6, "top_p": 0.9})");

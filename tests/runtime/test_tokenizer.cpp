@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -362,6 +363,46 @@ TEST(TokenizerSynthetic, MergeOrderAndAddedTokens) {
   EXPECT_EQ(t.decode(std::vector<int32_t>{7, 5}, false), " abc");
   EXPECT_EQ(t.vocab_size(), 11);
   EXPECT_FALSE(t.bos_id().has_value());
+}
+
+// Ids index dense tables: one far id must not make the loader allocate billions of entries
+// (found by fuzz_tokenizer_json: "id": ~2^31 asked for 60 GB). Ids from 2^24 on are refused,
+// naming the token; an added token's id is read whole, not truncated to 32 bits; integer fields
+// take JSON integers only.
+TEST(TokenizerSynthetic, FarIdsAreRefusedNamingTheToken) {
+  auto refused = [](const json& j, const std::string& named) {
+    try {
+      (void)vr::Tokenizer::from_json(j.dump());
+      ADD_FAILURE() << "no throw for " << named;
+    } catch (const veloxquant::FormatError& e) {
+      EXPECT_NE(std::string(e.what()).find(named), std::string::npos) << e.what();
+    }
+  };
+  json j = tiny_byte_level();
+  j["model"]["vocab"]["abc"] = 2000000000;
+  refused(j, "model.vocab['abc']");
+  j["model"]["vocab"]["abc"] = std::numeric_limits<int32_t>::max();
+  refused(j, "model.vocab['abc']");
+  j["model"]["vocab"]["abc"] = 1 << 24;  // the first id refused
+  refused(j, "model.vocab['abc']");
+  j["model"]["vocab"]["abc"] = 1000;  // gaps below it are fine
+  EXPECT_EQ(vr::Tokenizer::from_json(j.dump()).vocab_size(), 1001);
+  j = tiny_byte_level();
+  j["added_tokens"][0]["id"] = (int64_t(1) << 32) + 5;
+  refused(j, "added token id must be an integer in [0, 16777216), got 4294967301");
+  j["added_tokens"][0]["id"] = -1;
+  refused(j, "got -1");
+  // floats where integers belong (converting 1e91 was undefined behaviour: fuzz_tokenizer_json)
+  j["added_tokens"][0]["id"] = 1e91;
+  refused(j, "added token id");
+  j = tiny_byte_level();
+  j["post_processor"] = json{{"type", "BertProcessing"}, {"sep", json::array({"<eos>", 1e91})},
+                             {"cls", json::array({"<eos>", 100})}};
+  refused(j, "post_processor.sep");
+  j["post_processor"]["sep"][1] = 100;
+  EXPECT_NO_THROW((void)vr::Tokenizer::from_json(j.dump()));
+  j["decoder"] = json{{"type", "Strip"}, {"content", " "}, {"start", -1}, {"stop", 0}};
+  refused(j, "decoder.start");
 }
 
 TEST(TokenizerSynthetic, ByteFallbackAndStrip) {

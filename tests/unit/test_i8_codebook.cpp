@@ -68,6 +68,26 @@ TEST(I8Codebook, ZeroAndNonFiniteCodebooks) {
   std::vector<float> bad(64, 0.5f);
   bad[7] = std::numeric_limits<float>::infinity();
   EXPECT_THROW(make_i8_codebook(bad), ValueError);
+  // Subnormals so small that max/127 underflows to 0 (found by fuzz_cache_state: a restored
+  // state's codebook made 0/0 = NaN and cast it to int8): they are zeros on any int8 grid.
+  std::vector<float> tiny(64, 0.0f);
+  tiny[3] = std::numeric_limits<float>::denorm_min();
+  tiny[9] = -60 * std::numeric_limits<float>::denorm_min();
+  const I8Codebook t = make_i8_codebook(tiny);
+  EXPECT_EQ(t.scale, 1.0f);
+  for (size_t i = 0; i < 64; ++i) {
+    EXPECT_EQ(t.bytes[i], 0) << i;
+    EXPECT_EQ(t.decoded[i], 0.0f) << i;
+  }
+  EXPECT_EQ(snap_to_int8_grid(tiny), std::vector<float>(64, 0.0f));
+  // 127 subnormal steps still have a (subnormal) scale of their own
+  std::vector<float> small(64, 0.0f);
+  small[0] = 127 * std::numeric_limits<float>::denorm_min();
+  small[1] = -std::numeric_limits<float>::denorm_min();
+  const I8Codebook u = make_i8_codebook(small);
+  EXPECT_EQ(u.scale, std::numeric_limits<float>::denorm_min());
+  EXPECT_EQ(u.bytes[0], 127);
+  EXPECT_EQ(u.bytes[1], -1);
 }
 
 // KVCacheConfig::int8_key_grid: the snapped codebook is what make_i8_codebook decodes, bit for

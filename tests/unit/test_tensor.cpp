@@ -218,6 +218,23 @@ TEST(Tensor, CopyToTheCpuPacksAndOwnsItsStorage) {
 #endif
 }
 
+// Shapes whose byte count does not fit (2^62 at most) are ShapeErrors naming the shape, not a
+// wrapped product (found while writing fuzz_cache_state: a restored capacity of 2^62 tokens).
+TEST(Tensor, ShapesPastTwoToTheSixtyTwoBytesAreRefused) {
+  const int64_t big = int64_t(1) << 31;
+  try {
+    (void)Tensor::empty({big, big, 4}, DType::F32);
+    ADD_FAILURE() << "no throw";
+  } catch (const ShapeError& e) {
+    EXPECT_NE(std::string(e.what()).find("[2147483648, 2147483648, 4]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW((void)Tensor::zeros({int64_t(1) << 62, 2}, DType::U8), ShapeError);
+  EXPECT_THROW((void)Tensor::empty({4, std::numeric_limits<int64_t>::max()}, DType::F16), ShapeError);
+  // a zero dimension anywhere makes any other dimension fine
+  EXPECT_EQ(Tensor::empty({0, std::numeric_limits<int64_t>::max()}, DType::F32).numel(), 0);
+  EXPECT_EQ(Tensor::empty({std::numeric_limits<int64_t>::max(), 3, 0}, DType::F32).numel(), 0);
+}
+
 TEST(Tensor, OwningTensorsShareStorageAndCheckShapes) {
   Tensor a = Tensor::zeros({3, 4}, DType::F32);
   Tensor b = a;  // shares
