@@ -4,7 +4,7 @@
 # prompt chunk ran between the capture key's reading and its check; now the key is checked first
 # and no replay follows a chunk), then the runtime bench on the tiny preset. From the repository
 # root with .gpu-bundle's bins carried: `bash docs/cuda-runs/run194-verify.sh run194` (~1 min).
-# (docs/cuda-runs/run194-runtime-pdl-not-run.patch: the decoder's own kernels as programmatic
+# (docs/cuda-runs/run195-runtime-pdl-not-adopted.patch: the decoder's own kernels as programmatic
 # dependents of the kernel before them, with `bench_runtime_decode --no-pdl` for its A/B and a
 # bit-equality test; written this session, never run on a GPU: no machine could be started.)
 source scripts/gpu_run_start.sh "$1" --no-peer

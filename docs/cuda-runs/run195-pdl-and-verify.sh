@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# Run 195 (twenty-third session, 2026-12-07), PREPARED, NOT RUN: of this session's 13 device
-# requests none started a machine (the 1800 s went on failed starts and back-off refusals).
+# Run 195: prepared in the twenty-third session (no machine started then), run in the
+# twenty-fourth (2026-12-07, an H100; logs docs/cuda-runs/run195-*): 43/43 tests passed, and the
+# decoder's kernels as programmatic dependents bought nothing at the real shapes (within
+# +0.4 / -1.3%), so the patch was not adopted (docs/runtime-cuda.md).
 # What it checks: run 194's question (the mended CudaDecode.BadStepInputsFailLaterAndLeaveTheCacheAsItWas
-# and the runtime's CUDA tests) on the tree with docs/cuda-runs/run194-runtime-pdl-not-run.patch
+# and the runtime's CUDA tests) on the tree with docs/cuda-runs/run195-runtime-pdl-not-adopted.patch
 # applied, its new test CudaRuntime.DependentLaunchesChangeNothing included; then the runtime
 # bench with the decoder's own kernels as programmatic dependents and plainly (--no-pdl),
 # alternating, two rounds, in one binary (Qwen2.5-0.5B's shapes first).
-# It needs the patch: `git apply docs/cuda-runs/run194-runtime-pdl-not-run.patch`, then
+# It needs the patch: `git apply docs/cuda-runs/run195-runtime-pdl-not-adopted.patch`, then
 # `bash scripts/gpu_bundle.sh`, then from the repository root with .gpu-bundle's bins carried:
 #   bash docs/cuda-runs/run195-pdl-and-verify.sh run195      (~3 min)
 # Without the patch, use run194-verify.sh (the tests alone).
