@@ -181,15 +181,21 @@ void to_dlpack(const TensorView& v, DLTensor& out, int64_t* shape_storage, int64
 
 Tensor Tensor::empty(const Shape& shape, DType dtype, Device device) {
   Tensor t;
+  // The product of the non-zero dimensions is at most 2^62 bytes, so that numel, nbytes, every
+  // stride and every byte offset fit in int64 in whatever order they are multiplied.
   int64_t n = 1;
-  const bool no_elements = std::find(shape.begin(), shape.end(), int64_t(0)) != shape.end();
+  bool no_elements = false;
   for (auto s : shape) {
     VQ_CHECK_SHAPE(s >= 0, "negative dimension in " << shape_str(shape));
-    // at most 2^62 bytes, so that numel, nbytes and every byte offset fit in int64
-    VQ_CHECK_SHAPE(no_elements || n <= (int64_t(1) << 62) / dtype_size(dtype) / s,
+    if (s == 0) {
+      no_elements = true;
+      continue;
+    }
+    VQ_CHECK_SHAPE(n <= (int64_t(1) << 62) / dtype_size(dtype) / s,
                    "shape " << shape_str(shape) << " of " << dtype_name(dtype) << " holds more than 2^62 bytes");
     n *= s;
   }
+  if (no_elements) n = 0;
   const size_t bytes = size_t(std::max<int64_t>(n, 1)) * dtype_size(dtype);
   if (device.is_cpu()) {
     // 64-byte aligned for SIMD

@@ -2,9 +2,8 @@
 // CPU caches (fp16_cache.cpp, vecinfer_cache.cpp).
 #pragma once
 
-#include <initializer_list>
-
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "veloxquant/cache.h"
