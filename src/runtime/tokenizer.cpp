@@ -250,11 +250,7 @@ void parse_bpe(const json& m, Bpe& bpe) {
   VQ_CHECK_FORMAT(vocab.is_object(), "tokenizer.json: model.vocab must be an object");
   bpe.vocab.reserve(vocab.size());
   for (auto it = vocab.begin(); it != vocab.end(); ++it) {
-    VQ_CHECK_FORMAT(it.value().is_number_integer() && it.value().get<int64_t>() >= 0 &&
-                        it.value().get<int64_t>() < kMaxTokenIds,
-                    "tokenizer.json: model.vocab['" << it.key() << "'] must be an integer id in [0, " << kMaxTokenIds
-                                                    << ")");
-    bpe.vocab.emplace(it.key(), it.value().get<int32_t>());
+    bpe.vocab.emplace(it.key(), int32_t(get_index(it.value(), kMaxTokenIds, "model.vocab['" + it.key() + "']")));
   }
   const auto str_or = [&](const char* key) {
     auto it = m.find(key);
