@@ -24,6 +24,9 @@ mkdir -p "$stage/deps/icu/include" && cp -r /usr/include/unicode "$stage/deps/ic
 cp -a /usr/lib/x86_64-linux-gnu/libicu{data,uc,i18n}.so* "$stage/deps/icu/lib/"
 tar cf - -C "$stage" deps | xz -T0 -6 > "$out/deps.tar.xz"
 if [[ $bins == 1 ]]; then
+  # the stamp of the sources the programs are built from, taken before the build: sources edited
+  # while it runs would otherwise be stamped onto programs built from the older ones
+  stamp=$(bash scripts/gpu_prepare.sh --stamp)
   if [[ ! -f build-gpu/build.ninja ]]; then
     cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVQ_CUDA=ON -DVQ_NATIVE=OFF \
       -DCMAKE_CXX_FLAGS="-march=x86-64-v3" "$@" > /dev/null
@@ -35,6 +38,11 @@ if [[ $bins == 1 ]]; then
   tar cf - -C build-gpu tests/vq_test_cuda bench/bench_decode_cuda veloxquant tests/vq_test_e2e \
     bench/bench_runtime_decode |
     xz -T1 --lzma2=preset=6,dict=192MiB > "$out/bins.tar.xz"
-  bash scripts/gpu_prepare.sh --stamp > "$out/bins.stamp"
+  if [[ "$(bash scripts/gpu_prepare.sh --stamp)" != "$stamp" ]]; then
+    echo "gpu_bundle: the sources changed during the build; bins.stamp not written (run it again)" >&2
+    rm -f "$out/bins.stamp"
+    exit 1
+  fi
+  echo "$stamp" > "$out/bins.stamp"
 fi
 du -sh "$out"/*

@@ -281,6 +281,7 @@ const std::vector<BenchCache>& bench_caches() {
   static const std::vector<BenchCache> v = {
       {"d4b8/d4b8+i8", CacheKind::VecInfer, {4, 8, 4, 8, 2}, CodebookFormat::I8},
       {"d4b12/d8b8+i8", CacheKind::VecInfer, {4, 12, 8, 8, 2}, CodebookFormat::I8},
+      {"d8b12/d8b12+i8", CacheKind::VecInfer, {8, 12, 8, 12, 2}, CodebookFormat::I8},  // the paper's; --filter d8b12
       {"fp16 cache", CacheKind::FP16, {4, 8, 4, 8, 0}, CodebookFormat::F16}};
   return v;
 }
@@ -512,9 +513,10 @@ constexpr const char* kUsage = R"(usage: bench_decode_cuda [flags]   (on a GPU; 
   --quick             the batch-1 shape only
   --prefill           only the prefill table
   --plain             only the decode table at head_dim 96 and 80 (the plain kernel, through the cache API;
-                      --plain-dim for 112, 160 or 192)
+                      --plain-dim for 112, 160 or 192, or 64, 128 and 256, where the plain kernel serves
+                      what no tuned kernel does: rows say which kernel ran; d8b12/d8b12 only with --filter d8b12)
   --plain-kv N        that table's kv heads (default 8, Llama's GQA; 32 is Phi-3's shape, no GQA)
-  --plain-dim D       that table at head_dim D only (80, 96, 112, 160 or 192; default 96 and 80)
+  --plain-dim D       that table at head_dim D only (64, 80, 96, 112, 128, 160, 192 or 256; default 96 and 80)
   --plain --prefill   prompts at head_dim 96 and 80 (or --plain-dim) instead (peer: peer_sdpa.py --plain --prefill)
   --skip-encode, --skip-step          leave out the encode and decode-step tables
   --flush clean|dirty|none, --noflush  the L2 flush before each timed call (default clean)
@@ -693,9 +695,9 @@ int main(int argc, char** argv) {
   // against a CPU cache of the same configuration fed the same tokens (NMSE, bound 1e-2: the
   // int8 keys' rounding; a wrong token or dimension gives ~1).
   if (plain) {
-    if (plain_kv <= 0 || kH % plain_kv != 0 || (plain_dim != 0 && !cuda::attn_any_head_dim(plain_dim))) {
-      std::fprintf(stderr, "bench_decode_cuda: --plain-kv takes a divisor of %d (got %d), --plain-dim one of 80, 96, 112, "
-                   "160, 192 (got %d)\n", kH, plain_kv, plain_dim);
+    if (plain_kv <= 0 || kH % plain_kv != 0 || (plain_dim != 0 && !cuda::attn_plain_head_dim(plain_dim))) {
+      std::fprintf(stderr, "bench_decode_cuda: --plain-kv takes a divisor of %d (got %d), --plain-dim one of 64, 80, 96, "
+                   "112, 128, 160, 192, 256 (got %d)\n", kH, plain_kv, plain_dim);
       return 2;
     }
     const int KV = plain_kv;
@@ -726,7 +728,7 @@ int main(int argc, char** argv) {
                                              : read_peer(peer_path, "PREFILL" + std::to_string(D));
         for (const BenchCache& pc : cfgs)
           for (const PCase& c : pcases) {
-            if (!selected(pc.name)) continue;
+            if (!selected(pc.name) || (filter.empty() && pc.s.ks == 8 && pc.s.kb == 12)) continue;  // d8b12: asked for
             const KVCacheConfig cfg = bench_cache_config(pc, D, KV);
             auto cache = KVCacheFactory::create(cfg);
             dynamic_cast<CudaKVCache*>(cache.get())->reserve(c.hist + c.q, 1);
@@ -779,17 +781,20 @@ int main(int argc, char** argv) {
         quick ? std::vector<std::pair<int, int>>{{1, 131072}}
               : std::vector<std::pair<int, int>>{{1, 131072}, {8, 32768}, {64, 16384}};
     bool plain_ok = true;
-    std::printf("\ndecode attention at head_dim %s (plain kernel), %d q / %d kv heads, q_len 1, window %d\n",
-                dim_list.c_str(), kH, KV, kR);
-    std::printf("| head_dim | cache | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
-    std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("\ndecode attention at head_dim %s (through the cache API: the plain kernel where no tuned kernel "
+                "serves), %d q / %d kv heads, q_len 1, window %d\n", dim_list.c_str(), kH, KV, kR);
+    std::printf("| head_dim | cache | kernel | batch x tokens | us | GB/s | bytes read | peer us | peer | speedup | NMSE vs CPU (row 0) |\n");
+    std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
     for (int D : dims) {
       const auto dpeer =
           peer_path.empty() ? std::map<std::pair<int, int>, Peer>{} : read_peer(peer_path, "PEER" + std::to_string(D));
       for (const BenchCache& pc : cfgs)
         for (const auto& [B, L] : pshapes) {
-          if (!selected(pc.name)) continue;
+          if (!selected(pc.name) || (filter.empty() && pc.s.ks == 8 && pc.s.kb == 12)) continue;  // d8b12: asked for
           const KVCacheConfig cfg = bench_cache_config(pc, D, KV);
+          const bool fp = pc.kind == CacheKind::FP16;
+          const bool tuned = cuda::attn_tuned_compiled(
+              {D, fp ? 4 : pc.s.ks, fp ? 8 : pc.s.kb, fp ? 4 : pc.s.vs, fp ? 8 : pc.s.vb, 1, fp ? 0 : int(pc.fmt)});
           auto cache = KVCacheFactory::create(cfg);
           auto* cc = dynamic_cast<CudaKVCache*>(cache.get());
           cc->reserve(L, B);
@@ -836,7 +841,8 @@ int main(int argc, char** argv) {
           const double bytes = double(B) * KV *
                                    (pc.kind == CacheKind::VecInfer ? double(L - R) * (krs + vrs) : 0.0) +
                                double(B) * KV * R * D * 4.0 + 2.0 * B * kH * D * 2.0;
-          std::printf("| %d | %s | %dx%d | %.1f | %.0f | %.1f MB | %s | %.1e%s |\n", D, pc.name.c_str(), B, L, us,
+          std::printf("| %d | %s | %s | %dx%d | %.1f | %.0f | %.1f MB | %s | %.1e%s |\n", D, pc.name.c_str(),
+                      tuned ? "tuned" : "plain", B, L, us,
                       bytes / (us * 1e-6) / 1e9, bytes / 1e6, peer_columns(dpeer, {B, L}, us).c_str(), e,
                       ok ? "" : " FAILED");
           std::fflush(stdout);
@@ -878,6 +884,7 @@ int main(int argc, char** argv) {
     for (const BenchCache& pc : pcfgs)
       for (const PCase& c : pcases) {
         if (!selected(pc.name)) continue;  // --filter applies to the prefill table's caches too
+        if (pc.s.ks == 8 && pc.s.kb == 12) continue;  // (the --plain tables' plain-kernel configuration)
         KVCacheConfig cfg = device_cache_config(pc.s, pc.fmt, nullptr);
         cfg.kind = pc.kind;
         auto cache = KVCacheFactory::create(cfg);

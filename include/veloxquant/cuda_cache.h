@@ -65,6 +65,9 @@ struct CudaSupport {
   /// hold (no workspace), where those agree with the decode kernel's centroids (fp16 codebooks,
   /// int8 ones on their grid); this flag does not cover them (that depends on the codebooks)
   bool prefill_over_rows = false;
+  /// `kernel` is a tuned kernel of this build (cuda_attention_configs lists those); false: the
+  /// plain kernel, which serves every other d4/d8 configuration of 4 to 12 bits, slower
+  bool tuned_kernel = false;
   std::string kernel;           ///< the decode attention configuration, e.g. "d4b12/d8b8@128+i8"
   std::string reason;           ///< why `cache` or `attention` is false (the error the call raises)
 };
@@ -73,13 +76,14 @@ struct CudaSupport {
 /// place) still fails there, with a CudaError or UnsupportedError. An invalid config is
 /// reported (reason "invalid configuration: ..."), not thrown.
 CudaSupport cuda_support(const KVCacheConfig& config);
-/// The decode-attention configurations this build compiled, as "d4b8/d4b8@128+i8" (key spec /
-/// value spec @ head_dim + codebook format: none fp16, e4m3, i8, i8kv), sorted; empty without
-/// CUDA. The default build holds d4b8/d4b8 and d4b12/d8b8 at head_dim 64 and 128;
-/// -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
-/// Not listed: head_dim 80, 96, 112, 160 and 192 (Phi-2, StableLM, Phi-3, MPT-30B,
-/// StableLM-2-12B), where every build runs every configuration of sub_dim 4 or 8 and 4- to 12-bit
-/// codebooks, in every codebook format, on one plain kernel (src/cuda/attention_any_dim_kernel.cuh).
+/// The decode-attention configurations this build compiled tuned kernels for, as
+/// "d4b8/d4b8@128+i8" (key spec / value spec @ head_dim + codebook format: none fp16, e4m3, i8,
+/// i8kv), sorted; empty without CUDA. The default build tunes d4b8/d4b8 and d4b12/d8b8 at head_dim
+/// 64 and 128; -DVQ_CUDA_ALL_CONFIGS=ON adds d8b12/d8b12, d4b10/d8b12, d8b8/d8b8 and head_dim 256.
+/// Not listed: every other configuration of sub_dim 4 or 8 and 4- to 12-bit codebooks, in every
+/// codebook format, at head_dim 64, 80, 96, 112, 128, 160, 192 and 256 (Phi-2, StableLM, Phi-3,
+/// MPT-30B, StableLM-2-12B, Gemma), which every build runs on one plain kernel
+/// (src/cuda/attention_any_dim_kernel.cuh), slower than the tuned ones.
 /// Prompts at 80 and 96 run on the exact-rows prefill kernel over rows (the fp16 cache's and the
 /// standard mode's; a memory-bound cache's tokens expanded into rows, a Stash cache's held rows);
 /// elsewhere, and at 112-192, as the plain kernel's row chunks.

@@ -7,6 +7,7 @@
 #include <initializer_list>
 #include <map>
 #include <mutex>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -290,6 +291,7 @@ void launch_entry(const AttnEntry& entry, const AttnParams& p, dim3 grid, void* 
 }  // namespace
 
 bool attn_config_compiled(const AttnConfigKey& k) { return find(k) != nullptr; }
+bool attn_tuned_compiled(const AttnConfigKey& k) { return find_in(registry(), k) != nullptr; }
 
 bool attn_set_cluster_merge(bool allowed) { return g_cluster_allowed.exchange(allowed); }
 bool attn_set_rows4(bool allowed) { return g_rows4_allowed.exchange(allowed); }
@@ -351,8 +353,7 @@ std::string attn_config_name(const AttnConfigKey& k) {
 
 std::string attn_not_compiled_message(const AttnConfigKey& k) {
   std::ostringstream os;
-  os << "CUDA attention: configuration " << key_str(k) << " is not compiled in (built: " << attn_compiled_list()
-     << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)";
+  os << "CUDA attention: configuration " << key_str(k) << " has no kernel (built: " << attn_compiled_list() << ")";
   return os.str();
 }
 
@@ -370,9 +371,11 @@ const char* attn_compiled_list() {
     std::string out;
     for (const auto& n : attn_compiled_names()) out += (out.empty() ? "" : ", ") + n;
     std::ostringstream any;
-    any << "; at head_dim";
-    for (int d : kAnyHeadDims) any << ' ' << d;
-    any << ": every d4/d8 configuration of 4 to 12 bits, any codebook format (the plain kernel)";
+    any << "; every other d4/d8 configuration of 4 to 12 bits at head_dim";
+    std::set<int> dims(std::begin(kTunedHeadDims), std::end(kTunedHeadDims));
+    dims.insert(std::begin(kAnyHeadDims), std::end(kAnyHeadDims));
+    for (int d : dims) any << ' ' << d;
+    any << ", any codebook format (the plain kernel)";
     out += any.str();
     return out;
   }();

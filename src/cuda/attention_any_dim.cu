@@ -1,8 +1,8 @@
 // src/cuda/attention_any_dim.cu — the host side of the plain attention kernel (the head dims
-// without a tuned kernel, kAnyHeadDims; the kernel and what it computes:
-// attention_any_dim_kernel.cuh, its instantiations attn_any_hd<D>.cu): which configurations it
-// serves (attn_any_dim_entry), the instantiation and the codebook replication of a launch
-// (attn_any_dim_launch).
+// without a tuned kernel, kAnyHeadDims, and the configurations no tuned kernel serves at the
+// others, kTunedHeadDims; the kernel and what it computes: attention_any_dim_kernel.cuh, its
+// instantiations attn_any_hd<D>.cu): which configurations it serves (attn_any_dim_entry), the
+// instantiation and the codebook replication of a launch (attn_any_dim_launch).
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -20,13 +20,17 @@ using namespace any_dim;
 namespace {
 
 const void* any_kernel_for(int D, int ks, int vs, int nr) {
-  static_assert(sizeof(kAnyHeadDims) / sizeof(int) == 5, "the cases below follow kAnyHeadDims");
+  static_assert(sizeof(kAnyHeadDims) / sizeof(int) == 5 && sizeof(kTunedHeadDims) / sizeof(int) == 3,
+                "the cases below follow kAnyHeadDims and kTunedHeadDims");
   switch (D) {
+    case 64: return kernel_for<64>(ks, vs, nr);
     case 80: return kernel_for<80>(ks, vs, nr);
     case 96: return kernel_for<96>(ks, vs, nr);
     case 112: return kernel_for<112>(ks, vs, nr);
+    case 128: return kernel_for<128>(ks, vs, nr);
     case 160: return kernel_for<160>(ks, vs, nr);
-    default: return kernel_for<192>(ks, vs, nr);
+    case 192: return kernel_for<192>(ks, vs, nr);
+    default: return kernel_for<256>(ks, vs, nr);
   }
 }
 
@@ -39,6 +43,7 @@ int any_rows_variant(int rows) {
 
 std::atomic<bool> g_plain_rep{true};
 std::atomic<long long> g_plain_rep_launches{0};
+std::atomic<long long> g_plain_launches{0};
 
 /// Blocks of `smem` dynamic bytes a multiprocessor holds (at most the kernel's 2; the driver's
 /// 1 KB a block and the kernel's static bytes counted), 0 where one block does not fit.
@@ -70,15 +75,21 @@ int any_rep(const AttnConfigKey& k, int nr) {
 
 bool attn_set_plain_replicated(bool allowed) { return g_plain_rep.exchange(allowed); }
 long long attn_plain_replicated_launches() { return g_plain_rep_launches.load(); }
+long long attn_plain_launches() { return g_plain_launches.load(); }
 
 bool attn_any_head_dim(int head_dim) {
   for (int d : kAnyHeadDims)
     if (d == head_dim) return true;
   return false;
 }
+bool attn_plain_head_dim(int head_dim) {
+  for (int d : kTunedHeadDims)
+    if (d == head_dim) return true;
+  return attn_any_head_dim(head_dim);
+}
 
 const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {
-  if (!attn_any_head_dim(k.head_dim)) return nullptr;
+  if (!attn_plain_head_dim(k.head_dim)) return nullptr;
   if ((k.key_sub_dim != 4 && k.key_sub_dim != 8) || (k.value_sub_dim != 4 && k.value_sub_dim != 8)) return nullptr;
   if (k.key_bits < 4 || k.key_bits > kAnyMaxBits || k.value_bits < 4 || k.value_bits > kAnyMaxBits) return nullptr;
   if (k.n_tiles < 1 || k.n_tiles > 2 || k.cb_fmt < 0 || k.cb_fmt > 3) return nullptr;
@@ -116,6 +127,7 @@ AnyDimLaunch attn_any_dim_launch(const AttnEntry& e, const AttnParams& p) {
   l.cb_rep = p.win_all ? 0 : any_rep(k, nr);
   l.smem = any_layout(k.head_dim, k.key_sub_dim, k.key_bits, k.value_sub_dim, k.value_bits, nr, true, l.cb_rep).total;
   if (l.cb_rep) g_plain_rep_launches.fetch_add(1);
+  g_plain_launches.fetch_add(1);
   return l;
 }
 

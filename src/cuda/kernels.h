@@ -158,11 +158,19 @@ struct AttnParams {
   /// codebooks held once per lane of a shared-memory wavefront (attention_any_dim.cu).
   int plain_cb_rep = 0;
 };
-/// Head dims served by the plain attention kernel (src/cuda/attention_any_dim.cu) rather than a
-/// tuned one: every codebook configuration of up to 12 bits and every format, any q_len. 80:
+/// Head dims served by the plain attention kernel (src/cuda/attention_any_dim.cu) alone, with no
+/// tuned kernel: every codebook configuration of up to 12 bits and every format, any q_len. 80:
 /// Phi-2, StableLM-3B; 96: Phi-3, GPT-NeoX-20B; 112: MPT-30B; 160: StableLM-2-12B; and 192.
 inline constexpr int kAnyHeadDims[] = {80, 96, 112, 160, 192};
 bool attn_any_head_dim(int head_dim);
+/// Head dims with tuned kernels for some configurations (the default build: d4b8/d4b8 and
+/// d4b12/d8b8 at 64 and 128; VQ_CUDA_ALL_CONFIGS: five configurations at 64, 128 and 256). The
+/// plain kernel is instantiated at these too and serves every configuration a tuned kernel does
+/// not (d8b12/d8b12 or head_dim 256 in the default build, e.g. Gemma's), so every d4/d8
+/// configuration of 4 to 12 bits runs on CUDA in every build, the tuned ones faster.
+inline constexpr int kTunedHeadDims[] = {64, 128, 256};
+/// Whether the plain kernel is instantiated at head_dim (kAnyHeadDims and kTunedHeadDims).
+bool attn_plain_head_dim(int head_dim);
 constexpr int kAttnProfSlots = 15;  // 0-7, 10-13 clock64 stamps, 8-9 globaltimer, 14 the SM
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
 /// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.
@@ -179,6 +187,10 @@ struct AttnConfigKey {
 
 /// Whether this build holds a kernel for the configuration.
 bool attn_config_compiled(const AttnConfigKey& k);
+/// Whether a tuned kernel serves k in this build (attn_config_compiled: a tuned or the plain kernel).
+bool attn_tuned_compiled(const AttnConfigKey& k);
+/// Launches of the plain kernel so far in this process (tests check which kernel ran).
+long long attn_plain_launches();
 /// Lists the compiled configurations as "d4b8/d4b8@128" strings (for messages and tests).
 const char* attn_compiled_list();
 /// Dynamic shared memory of the kernel for the configuration (bytes).

@@ -39,29 +39,25 @@ std::string cache_attention_missing(CacheKind kind, CacheMode mode, int head_dim
     ok = ok && attn_config_compiled(cache_attention_key(kind, mode, head_dim, keys, values, fmt, nt));
   }
   if (ok) return {};
+  // every supported head dim has the plain kernel (kAnyHeadDims, kTunedHeadDims), which serves
+  // every d4/d8 configuration of 4 to 12 bits: what is missing is beyond it in every build
   std::ostringstream os;
-  if (attn_any_head_dim(head_dim)) {  // the plain kernel's rule, not a build option
-    os << who(kind) << ": attention for keys " << keys.str() << ", values " << values.str() << " at head_dim "
-       << head_dim << " has no kernel (head_dim";
-    for (int d : kAnyHeadDims) os << " " << d;
-    os << " run on the plain kernel: codebooks of 4 to 12 bits)";
-    return os.str();
-  }
+  os << who(kind);
   if (attends_over_fp16_rows(kind, mode))
-    os << who(kind) << (kind == CacheKind::FP16 ? "" : " (standard mode)") << ": fused_sdpa at head_dim " << head_dim
-       << " needs the exact-row attention kernel " << attn_config_name(cache_attention_key(kind, mode, head_dim, keys, values, fmt, 1))
-       << ", which is not compiled in (update_and_fetch works)";
+    os << (kind == CacheKind::FP16 ? "" : " (standard mode)") << ": fused_sdpa at head_dim " << head_dim
+       << " has no exact-row attention kernel " << attn_config_name(cache_attention_key(kind, mode, head_dim, keys, values, fmt, 1))
+       << " (update_and_fetch works)";
   else
-    os << who(kind) << ": attention for keys " << keys.str() << ", values " << values.str() << " at head_dim "
-       << head_dim << " with " << codebook_format_name(fmt) << " codebooks is not compiled in";
-  os << " (built: " << attn_compiled_list() << "; configure with -DVQ_CUDA_ALL_CONFIGS=ON)";
+    os << ": attention for keys " << keys.str() << ", values " << values.str() << " at head_dim " << head_dim
+       << " with " << codebook_format_name(fmt) << " codebooks has no kernel";
+  os << " (built: " << attn_compiled_list() << ")";
   return os.str();
 }
 
 std::string cache_unsupported(CacheKind kind, CacheMode mode, int head_dim, PQSpec keys, PQSpec values,
                               CodebookFormat fmt) {
   std::ostringstream os;
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256 && !attn_any_head_dim(head_dim)) {
+  if (!attn_plain_head_dim(head_dim)) {
     os << who(kind) << ": head_dim " << head_dim << " is not supported (64, 128, 256";
     for (int d : kAnyHeadDims) os << ", " << d;
     os << ")";
@@ -107,6 +103,7 @@ CudaSupport cuda_support(const KVCacheConfig& config) {
   s.reason = cuda::cache_attention_missing(config.kind, mode, config.head_dim, ks, vs, config.attention_codebooks);
   if (!s.reason.empty()) return s;
   s.attention = true;
+  s.tuned_kernel = cuda::attn_tuned_compiled(k1);
   // (the fp16 cache and the standard mode attend over exact rows: the exact-rows kernel, which
   // also serves head_dim 80 and 96)
   const bool rows_only = config.kind == CacheKind::FP16 || mode == CacheMode::Standard;

@@ -10,6 +10,7 @@
 // orthonormal.
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "core/attention_internal.h"
@@ -139,11 +140,15 @@ void vecinfer_attention_ref(const VecInferAttentionInputs& in, const TensorView&
             in.transform->forward_queries(qt.data(), 1, int(kh));
             float amax = 0.0f;
             for (float x : qt) amax = std::max(amax, std::fabs(x));
-            const float sq = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            // The step's inverse 127/max|q̃|, or 0 where it is not finite: a zero query, or one whose
+            // largest element is below 127/FLT_MAX (~3.7e-37), rounds to zero. (Before, such a query's
+            // zero elements became 0·inf = NaN; the CUDA kernels' scores there are ~1e-70, i.e. zero.)
+            const float sq = amax / 127.0f, step_inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            const float inv = step_inv <= std::numeric_limits<float>::max() ? step_inv : 0.0f;
             for (float& x : qt) {
               const float hi = std::clamp(std::nearbyint(x * inv), -127.0f, 127.0f);
               const float lo = std::clamp(std::nearbyint((x - hi * sq) * inv * 254.0f), -127.0f, 127.0f);
-              x = amax > 0.0f ? hi * sq + lo * (sq / 254.0f) : 0.0f;
+              x = inv > 0.0f ? hi * sq + lo * (sq / 254.0f) : 0.0f;
             }
           }
           double mx = -INFINITY;

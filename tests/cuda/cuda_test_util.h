@@ -64,7 +64,17 @@ struct Spec {
   }
 };
 
+/// Whether the kernels the tests of a path were written for serve (s, head_dim): a tuned kernel,
+/// or the plain kernel at a head dim without tuned ones (kAnyHeadDims). The plain kernel also
+/// serves what no tuned kernel does at 64, 128 and 256 (runs_on_cuda), which
+/// CudaAttention.PlainKernelServesWhatNoTunedKernelDoes tests; the path tests (clusters, the
+/// four-row and two-blocks kernels, ...) keep to the kernels they were written for.
 inline bool compiled(const Spec& s, int head_dim) {
+  const cuda::AttnConfigKey k{head_dim, s.ks, s.kb, s.vs, s.vb, 1};
+  return cuda::attn_tuned_compiled(k) || (cuda::attn_any_head_dim(head_dim) && cuda::attn_config_compiled(k));
+}
+/// Whether any kernel (tuned or plain) serves (s, head_dim) in this build.
+inline bool runs_on_cuda(const Spec& s, int head_dim) {
   return cuda::attn_config_compiled({head_dim, s.ks, s.kb, s.vs, s.vb, 1});
 }
 

@@ -11,6 +11,7 @@
 //    kAttnNmse = 2e-4 leaves two orders of margin and still catches any indexing error
 //    (a wrong token or dimension gives NMSE ~ 1).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -99,7 +100,7 @@ TEST(CudaEncode, CodesAndWindowMatchTheCpuCache) {
   int total_ties = 0, cases = 0;
   for (const Spec& s : all_specs())
     for (int D : {64, 128, 256, 80, 96, 112, 160, 192}) {
-      if (!compiled(s, D)) continue;
+      if (!runs_on_cuda(s, D)) continue;  // (every one since the plain kernel serves 64, 128 and 256 too)
       for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Stash}) {
         const int B = 1 + int(rng() % 2), H = 1 + int(rng() % 3), R = int(rng() % 3) * 8;
         SCOPED_TRACE(s.str() + " D=" + std::to_string(D) + " mode=" + cache_mode_name(mode) +
@@ -418,6 +419,43 @@ TEST(CudaAttention, Int8KeysMatchTheOracleOnTheRoundedQueryAndCentroids) {
 TEST(CudaAttention, Int8KeysAndValuesMatchTheOracleOnTheRoundedOperands) {
   VQ_SKIP_WITHOUT_GPU();
   EXPECT_GT(run_format_cases(CodebookFormat::I8KV, 0x18C8, 5e-3), 7);
+}
+
+// Int8 keys with queries too small for the step 127/max|q̃| to be finite (max|q̃| below ~3.7e-37),
+// and zero ones: every score ~0, a uniform softmax, on the tuned kernels (head_dim 128: the
+// four-row and the 8-row kernel) and the plain kernel (head_dim 96), as in the oracle, which
+// rounds such a query to zero (VecInferAttentionRef.Int8QueryTooSmallForItsStepRoundsToZero: it
+// gave NaN before). The outputs must be finite and within kAttnNmse of the oracle's.
+TEST(CudaAttention, TinyQueriesAttendUniformlyLikeTheOracle) {
+  VQ_SKIP_WITHOUT_GPU();
+  std::mt19937_64 rng(0x7171);
+  const Spec d4b8{4, 8, 4, 8};
+  int run = 0;
+  for (CodebookFormat fmt : {CodebookFormat::I8, CodebookFormat::I8KV})
+    for (int D : {128, 96})
+      for (int G : {4, 8}) {
+        const AttnCase a{d4b8, D, 2, 2, G, 700, 1, 64, true, 0, DType::F32, CacheMode::MemoryBound, 1};
+        if (!compiled(a.spec, a.D)) continue;
+        SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+        CaseCaches cc = fill_case_caches(a, rng, true, fmt);
+        const Shape qs{a.B, a.H * a.G, a.q_len, a.D};
+        std::vector<Tensor> queries;
+        queries.push_back(Tensor::zeros(qs, DType::F32));
+        for (float stddev : {1e-40f, 1e-38f}) queries.push_back(random_tensor(qs, DType::F32, rng, stddev));
+        queries.push_back(Tensor::zeros(qs, DType::F32));  // (c, c, 0, ...) in every head
+        for (int64_t h = 0; h < qs[1]; ++h) queries.back().ptr<float>()[h * a.D] = queries.back().ptr<float>()[h * a.D + 1] = 1e-36f;
+        for (size_t i = 0; i < queries.size(); ++i) {
+          SCOPED_TRACE("query " + std::to_string(i));
+          const std::vector<float> want = device_oracle(*cc.cpu, fmt, queries[i], SdpaParams{});
+          const std::vector<float> got = floats(cc.gpu->fused_sdpa(to_device(queries[i]).view(), SdpaParams{}));
+          for (float v : want) ASSERT_TRUE(std::isfinite(v)) << "oracle " << v;
+          for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "kernel " << v;
+          EXPECT_LE(nmse(got, want), kAttnNmse);
+          ++run;
+        }
+      }
+  std::printf("[cuda attention] %d tiny- or zero-query launches matched the oracle\n", run);
+  EXPECT_GE(run, 16);
 }
 
 TEST(CudaAttention, DecodeAndPrefillMatchTheOracleOnCodes) {
@@ -1374,6 +1412,115 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
               run, worst, kAttnNmse, worst_f32, graphs.size(), worst_graph);
 }
 
+// The plain kernel at head_dim 64, 128 and 256 serves every configuration no tuned kernel does
+// (the default build tunes only d4b8/d4b8 and d4b12/d8b8 at 64 and 128: the paper's d8b12/d8b12
+// and Gemma's head_dim 256 were refused before): decode, 12-row chunks (two row tiles at <= 128),
+// prompts, sliding windows, Stash and Standard caches, every codebook format, captured decode
+// steps, and the fp16 cache at 256; each against the oracle, and the plain kernel counted where
+// this build has no tuned kernel for the case (an ALL_CONFIGS build runs the tuned ones).
+TEST(CudaAttention, PlainKernelServesWhatNoTunedKernelDoes) {
+  VQ_SKIP_WITHOUT_GPU();
+  const uint64_t seed = 0x64128256;
+  std::mt19937_64 rng(seed);
+  SCOPED_TRACE("seed " + std::to_string(seed));
+  const Spec d4b8{4, 8, 4, 8}, dflt{4, 12, 8, 8}, d8b12{8, 12, 8, 12}, mixed{4, 10, 8, 12}, d8b8{8, 8, 8, 8};
+  const CacheMode mb = CacheMode::MemoryBound;
+  std::vector<AttnCase> cases;
+  for (int D : {64, 128, 256}) {
+    cases.push_back({d8b12, D, 1, 8, 4, 3000, 1, 128, true, 0, DType::F16, mb, 1});        // decode, splits
+    cases.push_back({mixed, D, 2, 2, 4, 700, 3, 32, true, 0, DType::BF16, mb, 1});        // 12 rows a kv head
+    cases.push_back({d8b8, D, 1, 2, 2, 400, 37, 64, true, 0, DType::F16, mb, 1});         // a prompt
+    cases.push_back({d8b12, D, 1, 2, 4, 900, 2, 16, true, 100, DType::F32, mb, 1});       // sliding window
+    cases.push_back({d8b8, D, 2, 2, 4, 333, 2, 128, true, 0, DType::F16, CacheMode::Stash, 1});
+    cases.push_back({mixed, D, 1, 2, 4, 500, 20, 64, true, 0, DType::BF16, CacheMode::Standard, 1});
+    if (D == 256) {  // no tuned kernel at 256 in the default build
+      cases.push_back({d4b8, D, 1, 8, 4, 6000, 1, 128, true, 0, DType::F16, mb, 1});
+      cases.push_back({dflt, D, 2, 2, 4, 3000, 1, 128, true, 0, DType::BF16, mb, 1});
+      cases.push_back({d4b8, D, 1, 2, 4, 800, 1, 128, true, 0, DType::F16, mb, 3});       // sharp softmax
+    }
+  }
+  const std::vector<std::pair<CodebookFormat, double>> fmts = {
+      {CodebookFormat::F16, kAttnNmse}, {CodebookFormat::E4M3, 5e-2}, {CodebookFormat::I8, 5e-3}, {CodebookFormat::I8KV, 5e-3}};
+  double worst = 0;
+  int run = 0, plain_cases = 0;
+  for (const AttnCase& a : cases) {
+    ASSERT_TRUE(runs_on_cuda(a.spec, a.D)) << describe(a);
+    for (const auto& [fmt, f32_bound] : fmts) {
+      SCOPED_TRACE(describe(a) + " " + codebook_format_name(fmt));
+      // (a Standard cache attends over its dequantized rows: the fp16 cache's kernel)
+      const cuda::AttnConfigKey key = a.mode == CacheMode::Standard
+                                          ? cuda::AttnConfigKey{a.D, 4, 8, 4, 8, 1, 0}
+                                          : cuda::AttnConfigKey{a.D, a.spec.ks, a.spec.kb, a.spec.vs, a.spec.vb, 1, int(fmt)};
+      const bool plain = !cuda::attn_tuned_compiled(key);
+      const long long before = cuda::attn_plain_launches();
+      double vs_f32 = 0;
+      const double e = run_attn_case(a, rng, fmt, &vs_f32);
+      EXPECT_LE(e, kAttnNmse);
+      if (a.mode != CacheMode::Standard) EXPECT_LE(vs_f32, f32_bound);
+      // (decode-sized chunks: a prompt may take a prefill kernel over expanded rows instead)
+      if (a.q_len <= 16) EXPECT_EQ(cuda::attn_plain_launches() > before, plain) << "which kernel ran";
+      worst = std::max(worst, e);
+      plain_cases += plain;
+      ++run;
+    }
+  }
+  // captured decode steps: the encode beside attention, the serial step (Stash), a split step
+  struct GraphCase {
+    Spec s;
+    CacheMode mode;
+    CodebookFormat fmt;
+    int D, R, H, B, prefix, steps;
+  };
+  const std::vector<GraphCase> graphs = {{d8b12, mb, CodebookFormat::I8, 128, 32, 2, 2, 300, 12},
+                                         {d4b8, CacheMode::Stash, CodebookFormat::F16, 256, 32, 2, 2, 300, 12},
+                                         {dflt, mb, CodebookFormat::I8, 256, 128, 8, 1, 2600, 8},
+                                         {mixed, mb, CodebookFormat::E4M3, 64, 64, 2, 1, 1200, 8}};
+  double worst_graph = 0;
+  for (const GraphCase& g : graphs) {
+    SCOPED_TRACE(g.s.str() + "@" + std::to_string(g.D) + " " + cache_mode_name(g.mode) + " " +
+                 codebook_format_name(g.fmt) + " graph");
+    KVCacheConfig c = vq_config(g.s, g.mode, g.D, g.R, g.H, rng);
+    c.attention_codebooks = g.fmt;
+    GraphDecodeRig rig;
+    rig.init(c, g.B, 4, g.prefix, g.steps, rng);
+    if (HasFatalFailure()) return;
+    double w = 0;
+    rig.replay(rng, &w);
+    if (HasFatalFailure()) return;
+    worst_graph = std::max(worst_graph, w);
+  }
+  // the fp16 cache at head_dim 256: decode, two chunks of 8 rows, a prompt
+  double worst_fp16 = 0;
+  {
+    KVCacheConfig c;
+    c.kind = CacheKind::FP16;
+    c.head_dim = 256;
+    c.step = 32;
+    FP16KVCache cpu(c);
+    auto gpu = make_cuda(c);
+    const int B = 2, H = 2, G = 4;
+    for (int64_t n : {int64_t(45), int64_t(600)}) {
+      Tensor k = random_tensor({B, H, n, 256}, DType::F32, rng), v = random_tensor({B, H, n, 256}, DType::F32, rng);
+      auto [ck, cv] = cpu.update_and_fetch(k.view(), v.view());
+      auto [gk, gv] = gpu->update_and_fetch(to_device(k).view(), to_device(v).view());
+      EXPECT_EQ(floats(gk), ck.to_vector_f32());
+      for (int q_len : {1, 3, 40}) {
+        Tensor q = random_tensor({B, H * G, q_len, 256}, DType::F16, rng);
+        Tensor want = Tensor::empty(q.sizes(), DType::F32);
+        attention_ref(q.view(), ck.view(), cv.view(), want.view(), SdpaParams{});
+        const double e = nmse(floats(gpu->fused_sdpa(to_device(q).view(), SdpaParams{})), want.to_vector_f32());
+        EXPECT_LE(e, kAttnNmse) << "fp16 cache, q_len " << q_len;
+        worst_fp16 = std::max(worst_fp16, e);
+      }
+    }
+  }
+  std::printf("[cuda plain kernel, head_dim 64/128/256] %d cases (%d on the plain kernel in this build), worst NMSE "
+              "%.3g vs the oracle on the kernel's operands (bound %.1g); %zu captured step sequences, worst %.3g; fp16 "
+              "cache at 256 worst %.3g\n",
+              run, plain_cases, worst, kAttnNmse, graphs.size(), worst_graph, worst_fp16);
+  if (!cuda::attn_tuned_compiled({128, 8, 12, 8, 12, 1, 0})) EXPECT_GT(plain_cases, 0);
+}
+
 // The plain kernel's replicated codebooks (attn_set_plain_replicated): a codebook of at most 256
 // entries held once per lane of a shared-memory wavefront changes where a centroid is read, not
 // what is computed, so the outputs with and without must agree bit for bit; the launch counter
@@ -2001,7 +2148,7 @@ TEST(CudaEncode, UpdateLatencyAndThroughputModesAgree) {
   } build_after;
   for (const Spec& s : {Spec{4, 8, 4, 8}, Spec{4, 12, 8, 8}, Spec{8, 12, 8, 12}})
     for (CacheMode mode : {CacheMode::MemoryBound, CacheMode::Standard}) {
-      if (!compiled(s, 128)) continue;  // (the cache needs its attention kernel: d8b12 in VQ_CUDA_ALL_CONFIGS builds)
+      if (!runs_on_cuda(s, 128)) continue;  // (the cache needs an attention kernel: d8b12's is the plain one by default)
       const std::string what = s.str() + " " + cache_mode_name(mode);
       KVCacheConfig c = vq_config(s, mode, 128, 16, 2, rng);
       auto lat = make_cuda(c), thr = make_cuda(c);

@@ -105,6 +105,7 @@ TEST(Cli, InfoReportsWhatRunsOnCuda) {
   EXPECT_EQ(j["cuda_support"]["attention"].get<bool>(), built);
   if (built) {
     EXPECT_EQ(j["cuda_support"]["kernel"], "d4b8/d4b8@128+i8");
+    EXPECT_TRUE(j["cuda_support"]["tuned_kernel"].get<bool>());
     EXPECT_TRUE(j["cuda_support"]["prefill_kernel"].get<bool>());
     EXPECT_TRUE(j["cuda_support"]["prefill_over_rows"].get<bool>());  // memory-bound
     const auto& list = j["cuda"]["attention_configs"];

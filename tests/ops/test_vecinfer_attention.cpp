@@ -12,6 +12,8 @@
 // Tolerance tier: bounded, as tests/ops/test_attention.cpp (vq_test::attention_tolerance).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <random>
 
 #include "ops/attention_test_util.h"
@@ -330,5 +332,45 @@ TEST(VecInferAttentionRef, Int8QueryRoundsOnlyTheCodedScores) {
     } else {
       EXPECT_EQ(y, x);  // no coded keys: the exact query throughout
     }
+  }
+}
+
+// A query too small for the int8 step 127/max|q̃| to be finite (max|q̃| below ~3.7e-37) rounds to
+// zero, like a zero query: every score ~0, so the softmax is uniform. Before, its zero elements
+// became 0·inf = NaN and so did the whole output (found by reading the fuzzing notes; the CUDA
+// kernels gave the uniform result, CudaAttention.TinyQueriesAttendUniformlyLikeTheOracle).
+TEST(VecInferAttentionRef, Int8QueryTooSmallForItsStepRoundsToZero) {
+  const VCase c{1, 2, 4, 1, 300, 20, 24, 3, 128, {4, 8}, {4, 8}, true, 0, DType::F32, DType::F32, DType::F32, false};
+  std::mt19937_64 rng(91);
+  Built b;
+  build(c, rng, b);
+  b.in.int8_query = true;
+  // λ = 1, so that the pair queries below reach the rotation as built: (c, c, 0, ...) rotates
+  // exactly into 64 elements of 2c/√128 and 64 exact zeros (x·(127/max|q̃|) = 0·inf before the fix)
+  const KeyTransform rotation_only(int(c.n_kv_heads), int(c.head_dim), {}, true);
+  b.in.transform = &rotation_only;
+  const Shape qs{c.batch, c.n_kv_heads * c.group, c.q_len, c.head_dim};
+  Tensor4 q0 = make_tensor4(qs, DType::F32, false);  // all zero
+  Tensor4 o0 = make_tensor4(qs, DType::F32, false);
+  vecinfer_attention_ref(b.in, q0.view, o0.view, {});
+  const std::vector<float> uniform = values_of(o0.view);
+  // Random queries of tiny elements (subnormal and normal), then pairs (c, c, 0, ...).
+  std::vector<Tensor4> queries;
+  for (float stddev : {1e-40f, 1e-38f}) queries.push_back(random_tensor4(qs, DType::F32, false, rng, stddev));
+  for (float mag : {1e-36f, 2e-36f}) {
+    queries.push_back(make_tensor4(qs, DType::F32, false));
+    for (int64_t h = 0; h < qs[1]; ++h)
+      for (int64_t d : {0, 1}) set_elem(queries.back().view, off(queries.back().view, 0, h, 0, d), mag);
+  }
+  for (size_t i = 0; i < queries.size(); ++i) {
+    SCOPED_TRACE("query " + std::to_string(i));
+    const TensorView qv = queries[i].view;
+    const std::vector<float> vals = values_of(qv);
+    ASSERT_GT(*std::max_element(vals.begin(), vals.end()), 0.0f);  // not flushed to zero on this machine
+    Tensor4 o = make_tensor4(qs, DType::F32, false);
+    vecinfer_attention_ref(b.in, qv, o.view, {});
+    const std::vector<float> y = values_of(o.view);
+    for (float v : y) ASSERT_TRUE(std::isfinite(v)) << v;
+    EXPECT_LT(nmse(y, uniform), 1e-12);
   }
 }

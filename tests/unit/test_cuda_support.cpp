@@ -51,16 +51,18 @@ TEST(CudaSupport, TheCompiledListHoldsTheDefaultBuildsConfigurations) {
       }
 }
 
-// Every answer follows the rule the constructors apply: head_dim 64/128/256, sub_dim 4 or 8 and
-// codebooks of >= 16 centroids for VecInfer, and a compiled attention kernel (the configuration's
-// own in the fused modes, d4b8/d4b8's fp16 one for the fp16 cache and the standard mode, which
-// are built without it). The reason names what is missing.
+// Every answer follows the rule the constructors apply: head_dim 64/128/256 or a plain-kernel head
+// dim, sub_dim 4 or 8 and codebooks of >= 16 centroids for VecInfer, and an attention kernel (the
+// configuration's own in the fused modes, d4b8/d4b8's fp16 one for the fp16 cache and the
+// standard mode). Since the plain kernel serves every head dim (a tuned kernel or not), every
+// d4/d8 configuration of 4 to 12 bits has one in every build; 13 bits has none. The reason names
+// what is missing.
 TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
   const std::vector<std::string> list = cuda_attention_configs();
   auto compiled = [&](const std::string& n) { return std::find(list.begin(), list.end(), n) != list.end(); };
   const std::vector<std::pair<PQSpec, PQSpec>> specs = {
       {{4, 8}, {4, 8}},  {{4, 12}, {8, 8}}, {{8, 12}, {8, 12}}, {{4, 10}, {8, 12}},
-      {{8, 8}, {8, 8}},  {{2, 8}, {4, 8}},  {{4, 8}, {16, 8}},  {{4, 3}, {4, 8}}};
+      {{8, 8}, {8, 8}},  {{2, 8}, {4, 8}},  {{4, 8}, {16, 8}},  {{4, 3}, {4, 8}},  {{4, 13}, {4, 8}}};
   int cases = 0, runs = 0, refused = 0, no_attention = 0;
   for (int D : {64, 80, 96, 112, 128, 160, 192, 256, 48})
     for (const auto& [ks, vs] : specs)
@@ -72,37 +74,41 @@ TEST(CudaSupport, AnswersFollowTheConstructorsRuleOverAGrid) {
           ++cases;
           EXPECT_TRUE(s.built);
           EXPECT_GE(s.devices, 0);
-          // head_dim 80, 96, 112, 160 and 192: the plain kernel, every d4/d8 configuration of 4 to
-          // 12 bits in every format (not listed by cuda_attention_configs); 48 has no kernel
+          // head_dim 80, 96, 112, 160 and 192: the plain kernel alone; 64, 128 and 256: a tuned
+          // kernel where one is compiled (cuda_attention_configs lists those), else the plain one:
+          // every d4/d8 configuration of 4 to 12 bits in every format; 48 has no kernel
           const bool plain = D == 80 || D == 96 || D == 112 || D == 160 || D == 192;
           const bool dims_ok = D == 64 || D == 128 || D == 256 || plain;
           const bool subs_ok = (ks.sub_dim == 4 || ks.sub_dim == 8) && (vs.sub_dim == 4 || vs.sub_dim == 8);
           const bool bits_ok = ks.codebook_bits >= 4 && vs.codebook_bits >= 4;
           const bool fused = mode != CacheMode::Standard;
           const std::string kernel = fused ? name(ks, vs, D, f) : name({4, 8}, {4, 8}, D, CodebookFormat::F16);
-          const bool has_kernel = plain ? (ks.codebook_bits <= 12 && vs.codebook_bits <= 12) : compiled(kernel);
+          const bool has_kernel = !fused || (ks.codebook_bits <= 12 && vs.codebook_bits <= 12);
+          if (!plain && compiled(kernel)) EXPECT_TRUE(has_kernel) << "a tuned kernel is listed";
           const bool want_cache = dims_ok && subs_ok && bits_ok && (!fused || has_kernel);
           const bool want_attention = want_cache && has_kernel;
           EXPECT_EQ(s.cache, want_cache) << s.reason;
           EXPECT_EQ(s.attention, want_attention) << s.reason;
           EXPECT_EQ(s.reason.empty(), want_attention) << s.reason;
           if (!s.attention) EXPECT_FALSE(s.prefill_kernel);
+          // tuned: the listed kernels (at 64, 128 and 256), never at the plain kernel's own dims
+          EXPECT_EQ(s.tuned_kernel, s.attention && !plain && compiled(kernel)) << s.kernel;
           if (s.cache) EXPECT_EQ(s.kernel, kernel);
           else EXPECT_TRUE(s.kernel.empty());
           if (!dims_ok) EXPECT_TRUE(has(s.reason, "head_dim " + std::to_string(D))) << s.reason;
           else if (!subs_ok) EXPECT_TRUE(has(s.reason, "sub_dim must be 4 or 8")) << s.reason;
           else if (!bits_ok) EXPECT_TRUE(has(s.reason, "fewer than 16 centroids")) << s.reason;
           else if (!want_attention) {
-            EXPECT_TRUE(has(s.reason, "not compiled in")) << s.reason;
-            EXPECT_TRUE(has(s.reason, "-DVQ_CUDA_ALL_CONFIGS=ON")) << s.reason;
+            EXPECT_TRUE(has(s.reason, "has no kernel")) << s.reason;
+            EXPECT_TRUE(has(s.reason, "4 to 12 bits")) << s.reason;  // the plain kernel's range, listed
           }
           runs += s.attention, refused += !s.cache, no_attention += s.cache && !s.attention;
         }
-  // the grid reaches every branch: runs, refusals, and standard-mode caches without a kernel
-  // where head_dim 256 is not compiled (the default build)
+  // the grid reaches runs and refusals; a cache built without attention no longer exists (the
+  // standard mode's exact-row kernel is served at every head dim, 256 by the plain kernel)
   EXPECT_GT(runs, 0);
   EXPECT_GT(refused, 0);
-  if (!compiled("d4b8/d4b8@256")) EXPECT_GT(no_attention, 0);
+  EXPECT_EQ(no_attention, 0);
   std::printf("cuda_support grid: %d cases, %d run, %d refused, %d built without attention\n", cases, runs, refused,
               no_attention);
 }
@@ -142,18 +148,29 @@ TEST(CudaSupport, Fp16CacheAndTheDefaultsAndInvalidConfigs) {
   const CudaSupport f48 = cuda_support(config(CacheKind::FP16, 48, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   EXPECT_FALSE(f48.cache);
   EXPECT_EQ(f48.reason, "CUDA FP16 cache: head_dim 48 is not supported (64, 128, 256, 80, 96, 112, 160, 192)");
-  // head_dim 256: the cache builds; its fused_sdpa needs d4b8/d4b8@256 (VQ_CUDA_ALL_CONFIGS builds)
+  // head_dim 256 (Gemma's): the cache and its attention, on the tuned kernel where one is compiled
+  // (VQ_CUDA_ALL_CONFIGS builds), else on the plain kernel; prompts on the exact-rows prefill
+  // kernel only where the tuned d4b8/d4b8@256 is compiled
   const CudaSupport f256 = cuda_support(config(CacheKind::FP16, 256, {}, {}, CacheMode::Standard, CodebookFormat::F16));
   const std::vector<std::string> list = cuda_attention_configs();
   const bool has256 = std::find(list.begin(), list.end(), "d4b8/d4b8@256") != list.end();
-  EXPECT_TRUE(f256.cache);
-  EXPECT_EQ(f256.attention, has256);
-  if (!has256)
-    EXPECT_EQ(f256.reason.rfind("CUDA FP16 cache: fused_sdpa at head_dim 256 needs the exact-row attention kernel "
-                                "d4b8/d4b8@256, which is not compiled in (update_and_fetch works)",
-                                0),
-              0u)
-        << f256.reason;
+  EXPECT_TRUE(f256.cache && f256.attention) << f256.reason;
+  EXPECT_EQ(f256.kernel, "d4b8/d4b8@256");
+  if (!has256) EXPECT_FALSE(f256.prefill_kernel);
+  // the paper's d8b12/d8b12 at head_dim 128, and 13-bit codebooks (no kernel in any build)
+  KVCacheConfig p8 = config(CacheKind::VecInfer, 128, {8, 12}, {8, 12}, CacheMode::MemoryBound, CodebookFormat::I8);
+  const CudaSupport s8 = cuda_support(p8);
+  EXPECT_TRUE(s8.cache && s8.attention) << s8.reason;
+  EXPECT_EQ(s8.kernel, "d8b12/d8b12@128+i8");
+  EXPECT_EQ(s8.tuned_kernel, std::find(list.begin(), list.end(), "d8b12/d8b12@128+i8") != list.end());
+  p8.key_codebook_bits = 13;
+  const CudaSupport s13 = cuda_support(p8);
+  EXPECT_FALSE(s13.cache);
+  EXPECT_EQ(s13.reason.rfind("CUDA VecInfer cache: attention for keys d8b13, values d8b12 at head_dim 128 with i8 "
+                             "codebooks has no kernel (built: ",
+                             0),
+            0u)
+      << s13.reason;
   // the paper's defaults as a memory-bound cache with int8 keys (the CUDA default): prefill kernel too
   KVCacheConfig d;
   d.fused_sdpa = d.fused_sdpa_memory_bound = true;

@@ -69,7 +69,7 @@ class InfoCommand final : public Command {
         j["config"]["attention_codebooks"] = codebooks_;
       }
       j["cuda_support"] = {{"cache", s.cache},           {"attention", s.attention}, {"prefill_kernel", s.prefill_kernel},
-                           {"prefill_over_rows", s.prefill_over_rows},
+                           {"prefill_over_rows", s.prefill_over_rows}, {"tuned_kernel", s.tuned_kernel},
                            {"kernel", s.kernel},         {"reason", s.reason}};
       write_json(j, "-");
       return 0;
@@ -82,7 +82,8 @@ class InfoCommand final : public Command {
     }
     std::printf("\n%s on CUDA:\n", what.c_str());
     if (s.cache && s.attention)
-      std::printf("  runs: attention kernel %s; prompts (q_len > 16) %s%s\n", s.kernel.c_str(),
+      std::printf("  runs: attention kernel %s (%s); prompts (q_len > 16) %s%s\n", s.kernel.c_str(),
+                  s.tuned_kernel ? "tuned" : "the plain kernel: every configuration, slower than the tuned ones",
                   s.prefill_kernel ? "on the prefill kernel" : "on the decode kernel in row chunks",
                   s.prefill_over_rows ? " (chunks that fill the GPU: over their tokens expanded into exact rows, "
                                         "within the prefill workspace limit)"

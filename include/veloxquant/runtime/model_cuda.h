@@ -11,7 +11,7 @@
 //
 // Caches: make_caches() builds device-resident caches (KVCacheFactory with config.device =
 // the model's device: fp16 or VecInfer, whose update/fused_sdpa take device tensors). The
-// device caches compile head_dim 64/128 (256 with VQ_CUDA_ALL_CONFIGS); CPU caches (the
+// device caches take head_dim 64, 80, 96, 112, 128, 160, 192 and 256; CPU caches (the
 // runtime's make_caches) are accepted too: q/k/v then go to the host for attention and back.
 //
 // Without CUDA in the build, CudaModel::create throws CudaError ("veloxquant was built without
