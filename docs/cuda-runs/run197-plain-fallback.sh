@@ -8,13 +8,18 @@
 #   bash docs/cuda-runs/run197-plain-fallback.sh run197 b   the fallback's speed: the cache-API
 #        decode table at head_dim 128 (d8b12/d8b12 on the plain kernel beside the tuned d4b8)
 #        and 256 (every configuration on the plain kernel), the peer at both    (~4 min)
-M=${2:?a or b}
-if [[ $M == a ]]; then
-  source scripts/gpu_run_start.sh "$1"
-  R=$1-a
-  $B --peer $OUT/b/peer.txt --filter +i8 --reps 20 --skip-step > $OUT/$R-table.log 2>&1
-  grep -E "^device|HBM copy|^\| d4b(8|12)/d[48]b8\+i8 \||encode keys d4b8 grid |held|FAILED" $OUT/$R-table.log | head -30
-  echo "table: $(( $(date +%s) - t0 )) s"
+#   bash docs/cuda-runs/run197-plain-fallback.sh run197 t   every CUDA test only (~6 min)
+M=${2:?a, t or b}
+if [[ $M == a || $M == t ]]; then
+  if [[ $M == a ]]; then
+    source scripts/gpu_run_start.sh "$1"
+    $B --peer $OUT/b/peer.txt --filter +i8 --reps 20 --skip-step > $OUT/$1-a-table.log 2>&1
+    grep -E "^device|HBM copy|^\| d4b(8|12)/d[48]b8\+i8 \||encode keys d4b8 grid |held|FAILED" $OUT/$1-a-table.log | head -30
+    echo "table: $(( $(date +%s) - t0 )) s"
+  else
+    source scripts/gpu_run_start.sh "$1" --no-peer
+  fi
+  R=$1-$M
   $T --gtest_brief=1 > $OUT/$R-tests.log 2>&1
   grep -E "^\[  (PASSED|FAILED) |FAILED|tests ran|\[cuda plain|tiny- or zero|Skipped" $OUT/$R-tests.log | head -40
   echo "tests: $(( $(date +%s) - t0 )) s"

@@ -1324,6 +1324,33 @@ TEST(CudaDecode, GraphCapturedSplitStepsMatchTheOracle) {
               rig.H, rig.steps, rig.captured_clusters, worst);
 }
 
+/// A captured decode-step sequence on the plain kernel's head dims: configuration, mode, codebook
+/// format, head_dim, window R, kv heads H, batch B, history, replayed steps (GQA group 4).
+struct PlainGraphCase {
+  Spec s;
+  CacheMode mode;
+  CodebookFormat fmt;
+  int D, R, H, B, prefix, steps;
+};
+/// Captures and replays each case against the CPU cache (GraphDecodeRig), raising `worst` to the
+/// worst NMSE; the plain kernel never runs as a cluster. Returns at a fatal failure.
+void replay_plain_graph_cases(const std::vector<PlainGraphCase>& graphs, std::mt19937_64& rng, double& worst) {
+  for (const PlainGraphCase& g : graphs) {
+    SCOPED_TRACE(g.s.str() + "@" + std::to_string(g.D) + " " + cache_mode_name(g.mode) + " " +
+                 codebook_format_name(g.fmt) + " graph");
+    KVCacheConfig c = vq_config(g.s, g.mode, g.D, g.R, g.H, rng);
+    c.attention_codebooks = g.fmt;
+    GraphDecodeRig rig;
+    rig.init(c, g.B, 4, g.prefix, g.steps, rng);
+    if (::testing::Test::HasFatalFailure()) return;
+    if (!cuda::attn_tuned_compiled({g.D, g.s.ks, g.s.kb, g.s.vs, g.s.vb, 1, int(g.fmt)})) EXPECT_EQ(rig.captured_clusters, 0);
+    double w = 0;
+    rig.replay(rng, &w);
+    if (::testing::Test::HasFatalFailure()) return;
+    worst = std::max(worst, w);
+  }
+}
+
 // ------------------------------------------------------------------------------------------
 // Head dims 80, 96, 112, 160 and 192 (Phi-2, StableLM; Phi-3; MPT-30B; StableLM-2-12B): the plain
 // attention kernel (attention_any_dim_kernel.cuh) over codes the encoder wrote with the
@@ -1380,33 +1407,15 @@ TEST(CudaAttention, PlainKernelHeadDimsMatchTheOracle) {
   // captured decode steps: the encode beside attention (MemoryBound with a window), the serial
   // step (Stash), and a split step (8 segments over several splits, merged through the workspace:
   // the plain kernel never runs as a cluster)
-  struct GraphCase {
-    Spec s;
-    CacheMode mode;
-    CodebookFormat fmt;
-    int D, R, H, B, prefix, steps;
-  };
-  const std::vector<GraphCase> graphs = {{dflt, mb, CodebookFormat::I8, 96, 32, 2, 2, 300, 20},
-                                         {d4b8, CacheMode::Stash, CodebookFormat::F16, 80, 32, 2, 2, 300, 20},
-                                         {d4b8, mb, CodebookFormat::I8KV, 96, 128, 8, 1, 2600, 12},
-                                         {dflt, mb, CodebookFormat::I8, 192, 32, 2, 2, 300, 12},
-                                         {d4b8, CacheMode::Stash, CodebookFormat::F16, 112, 32, 2, 2, 300, 12},
-                                         {d4b8, mb, CodebookFormat::E4M3, 160, 64, 2, 1, 1200, 8}};
   double worst_graph = 0;
-  for (const GraphCase& g : graphs) {
-    SCOPED_TRACE(g.s.str() + "@" + std::to_string(g.D) + " " + cache_mode_name(g.mode) + " " +
-                 codebook_format_name(g.fmt) + " graph");
-    KVCacheConfig c = vq_config(g.s, g.mode, g.D, g.R, g.H, rng);
-    c.attention_codebooks = g.fmt;
-    GraphDecodeRig rig;
-    rig.init(c, g.B, 4, g.prefix, g.steps, rng);
-    if (HasFatalFailure()) return;
-    EXPECT_EQ(rig.captured_clusters, 0);
-    double w = 0;
-    rig.replay(rng, &w);
-    if (HasFatalFailure()) return;
-    worst_graph = std::max(worst_graph, w);
-  }
+  const std::vector<PlainGraphCase> graphs = {{dflt, mb, CodebookFormat::I8, 96, 32, 2, 2, 300, 20},
+                                              {d4b8, CacheMode::Stash, CodebookFormat::F16, 80, 32, 2, 2, 300, 20},
+                                              {d4b8, mb, CodebookFormat::I8KV, 96, 128, 8, 1, 2600, 12},
+                                              {dflt, mb, CodebookFormat::I8, 192, 32, 2, 2, 300, 12},
+                                              {d4b8, CacheMode::Stash, CodebookFormat::F16, 112, 32, 2, 2, 300, 12},
+                                              {d4b8, mb, CodebookFormat::E4M3, 160, 64, 2, 1, 1200, 8}};
+  replay_plain_graph_cases(graphs, rng, worst_graph);
+  if (HasFatalFailure()) return;
   std::printf("[cuda plain kernel, head_dim 80-192] %d cases, worst NMSE %.3g vs the oracle on the kernel's operands "
               "(bound %.1g), %.3g vs the f32-codebook exact-query oracle; %zu captured step sequences, worst %.3g\n",
               run, worst, kAttnNmse, worst_f32, graphs.size(), worst_graph);
@@ -1465,30 +1474,13 @@ TEST(CudaAttention, PlainKernelServesWhatNoTunedKernelDoes) {
     }
   }
   // captured decode steps: the encode beside attention, the serial step (Stash), a split step
-  struct GraphCase {
-    Spec s;
-    CacheMode mode;
-    CodebookFormat fmt;
-    int D, R, H, B, prefix, steps;
-  };
-  const std::vector<GraphCase> graphs = {{d8b12, mb, CodebookFormat::I8, 128, 32, 2, 2, 300, 12},
-                                         {d4b8, CacheMode::Stash, CodebookFormat::F16, 256, 32, 2, 2, 300, 12},
-                                         {dflt, mb, CodebookFormat::I8, 256, 128, 8, 1, 2600, 8},
-                                         {mixed, mb, CodebookFormat::E4M3, 64, 64, 2, 1, 1200, 8}};
   double worst_graph = 0;
-  for (const GraphCase& g : graphs) {
-    SCOPED_TRACE(g.s.str() + "@" + std::to_string(g.D) + " " + cache_mode_name(g.mode) + " " +
-                 codebook_format_name(g.fmt) + " graph");
-    KVCacheConfig c = vq_config(g.s, g.mode, g.D, g.R, g.H, rng);
-    c.attention_codebooks = g.fmt;
-    GraphDecodeRig rig;
-    rig.init(c, g.B, 4, g.prefix, g.steps, rng);
-    if (HasFatalFailure()) return;
-    double w = 0;
-    rig.replay(rng, &w);
-    if (HasFatalFailure()) return;
-    worst_graph = std::max(worst_graph, w);
-  }
+  const std::vector<PlainGraphCase> graphs = {{d8b12, mb, CodebookFormat::I8, 128, 32, 2, 2, 300, 12},
+                                              {d4b8, CacheMode::Stash, CodebookFormat::F16, 256, 32, 2, 2, 300, 12},
+                                              {dflt, mb, CodebookFormat::I8, 256, 128, 8, 1, 2600, 8},
+                                              {mixed, mb, CodebookFormat::E4M3, 64, 64, 2, 1, 1200, 8}};
+  replay_plain_graph_cases(graphs, rng, worst_graph);
+  if (HasFatalFailure()) return;
   // the fp16 cache at head_dim 256: decode, two chunks of 8 rows, a prompt
   double worst_fp16 = 0;
   {
