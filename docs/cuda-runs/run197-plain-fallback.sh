@@ -9,8 +9,9 @@
 #        decode table at head_dim 128 (d8b12/d8b12 on the plain kernel beside the tuned d4b8)
 #        and 256 (every configuration on the plain kernel), the peer at both    (~4 min)
 #   bash docs/cuda-runs/run197-plain-fallback.sh run197 t   every CUDA test only (~6 min)
-M=${2:?a, t or b}
-if [[ $M == a || $M == t ]]; then
+#   bash docs/cuda-runs/run197-plain-fallback.sh run197 s   every CUDA test but the runtime's (CudaRuntime*)
+M=${2:?a, t, s or b}
+if [[ $M == a || $M == t || $M == s ]]; then
   if [[ $M == a ]]; then
     source scripts/gpu_run_start.sh "$1"
     $B --peer $OUT/b/peer.txt --filter +i8 --reps 20 --skip-step > $OUT/$1-a-table.log 2>&1
@@ -20,7 +21,8 @@ if [[ $M == a || $M == t ]]; then
     source scripts/gpu_run_start.sh "$1" --no-peer
   fi
   R=$1-$M
-  $T --gtest_brief=1 > $OUT/$R-tests.log 2>&1
+  F='*'; [[ $M == s ]] && F='-*CudaRuntime*'
+  $T --gtest_brief=1 --gtest_filter="$F" > $OUT/$R-tests.log 2>&1
   grep -E "^\[  (PASSED|FAILED) |FAILED|tests ran|\[cuda plain|tiny- or zero|Skipped" $OUT/$R-tests.log | head -40
   echo "tests: $(( $(date +%s) - t0 )) s"
   exit 0
