@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <atomic>
 #include <initializer_list>
+#include <iterator>
 #include <map>
 #include <mutex>
-#include <iterator>
 #include <set>
 #include <sstream>
 #include <string>
@@ -71,7 +71,7 @@ const AttnEntry* find_in(const std::vector<AttnEntry>& r, const AttnConfigKey& k
 }
 const AttnEntry* find(const AttnConfigKey& k) {
   if (const AttnEntry* e = find_in(registry(), k)) return e;
-  return attn_any_dim_entry(k);  // head dims without a tuned kernel
+  return attn_any_dim_entry(k);  // keys without a tuned kernel: the plain kernel
 }
 /// The two-blocks form of k's 8-row (rows4 0) or four-row (rows4 1) kernel.
 const AttnEntry* find_wide(const AttnConfigKey& k, int rows4) { return find_in(wide_registry(), k, rows4); }

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <map>
 #include <mutex>
+#include <string>
 #include <tuple>
 
 #include "cuda/attention_any_dim.cuh"
@@ -86,6 +87,12 @@ bool attn_plain_head_dim(int head_dim) {
   for (int d : kTunedHeadDims)
     if (d == head_dim) return true;
   return attn_any_head_dim(head_dim);
+}
+std::string attn_head_dims_list() {
+  std::string s;
+  for (int d : kTunedHeadDims) s += (s.empty() ? "" : ", ") + std::to_string(d);
+  for (int d : kAnyHeadDims) s += ", " + std::to_string(d);
+  return s;
 }
 
 const AttnEntry* attn_any_dim_entry(const AttnConfigKey& k) {

@@ -1477,11 +1477,8 @@ void dequant_d(const EncodeParams& p, int evict, int64_t t0, int64_t n, int side
 }
 
 void check_encode_geometry(const EncodeParams& p) {
-  if (!(p.head_dim == 64 || p.head_dim == 128 || p.head_dim == 256 || attn_any_head_dim(p.head_dim))) {
-    std::ostringstream dims;
-    for (int d : kAnyHeadDims) dims << ", " << d;
-    VQ_THROW(UnsupportedError, "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (64, 128, 256" << dims.str() << ")");
-  }
+  VQ_CHECK_T(attn_plain_head_dim(p.head_dim), UnsupportedError,
+             "CUDA VecInfer: head_dim " << p.head_dim << " is not supported (" << attn_head_dims_list() << ")");
   VQ_CHECK_T((p.k_sub == 4 || p.k_sub == 8) && (p.v_sub == 4 || p.v_sub == 8), UnsupportedError,
              "CUDA VecInfer: sub_dim must be 4 or 8 (key " << p.k_sub << ", value " << p.v_sub << ")");
   VQ_CHECK_T(p.k_bits >= 4 && p.k_bits <= 16 && p.v_bits >= 4 && p.v_bits <= 16, UnsupportedError,

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "veloxquant/dtype.h"
 
@@ -151,8 +152,8 @@ struct AttnParams {
   /// multiply-high divisions (FastDiv): the GQA group n_heads / n_kv_heads, the row chunks,
   /// the splits and the window weight.
   FastDiv div_group, div_row_chunks, div_splits, div_window_weight;
-  /// Set by attn_launch, not by callers: the configuration of a launch on the plain kernel of
-  /// the head dims without a tuned one (attn_any_head_dim), which reads these at run time.
+  /// Set by attn_launch, not by callers: the configuration of a launch on the plain kernel (the
+  /// keys without a tuned kernel: attn_any_dim_entry), which reads these at run time.
   int plain_key_bits = 0, plain_value_bits = 0, plain_cb_fmt = 0;
   /// Set by attn_launch, not by callers: the plain kernel's key (bit 0) and value (bit 1)
   /// codebooks held once per lane of a shared-memory wavefront (attention_any_dim.cu).
@@ -169,8 +170,11 @@ bool attn_any_head_dim(int head_dim);
 /// not (d8b12/d8b12 or head_dim 256 in the default build, e.g. Gemma's), so every d4/d8
 /// configuration of 4 to 12 bits runs on CUDA in every build, the tuned ones faster.
 inline constexpr int kTunedHeadDims[] = {64, 128, 256};
-/// Whether the plain kernel is instantiated at head_dim (kAnyHeadDims and kTunedHeadDims).
+/// Whether the plain kernel is instantiated at head_dim (kAnyHeadDims and kTunedHeadDims): the
+/// head dims the CUDA caches take.
 bool attn_plain_head_dim(int head_dim);
+/// Those head dims for messages: "64, 128, 256, 80, 96, 112, 160, 192".
+std::string attn_head_dims_list();
 constexpr int kAttnProfSlots = 15;  // 0-7, 10-13 clock64 stamps, 8-9 globaltimer, 14 the SM
 /// Tokens (work units) per split: `units` of work over `splits` blocks, rounded up to whole
 /// 32-token tiles. The kernel's plan and the host's hint (AttnParams::hint_chunk) both use it.

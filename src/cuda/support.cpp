@@ -58,9 +58,7 @@ std::string cache_unsupported(CacheKind kind, CacheMode mode, int head_dim, PQSp
                               CodebookFormat fmt) {
   std::ostringstream os;
   if (!attn_plain_head_dim(head_dim)) {
-    os << who(kind) << ": head_dim " << head_dim << " is not supported (64, 128, 256";
-    for (int d : kAnyHeadDims) os << ", " << d;
-    os << ")";
+    os << who(kind) << ": head_dim " << head_dim << " is not supported (" << attn_head_dims_list() << ")";
     return os.str();
   }
   if (kind == CacheKind::FP16) return {};
